@@ -1,0 +1,46 @@
+# Two commands on a fresh Debian machine with python3 (>= 3.11) and make:
+#   make demo   - install into .venv and run the gateway demo on embedded defaults
+#   make test   - install into .venv and run the whole test suite (lint, types, tests)
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test pytest lint schema system-deps clean bench-overhead
+
+$(BIN)/python:
+	@$(PY) -m venv $(VENV) 2>/dev/null || { \
+	  echo "python3-venv is missing; installing it with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv && \
+	  rm -rf $(VENV) && $(PY) -m venv $(VENV); }
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test,loadtest]"
+	@touch $(STAMP)
+
+# redis-server for the quota and ledger tests (they start their own on a free port)
+system-deps:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+
+demo: $(STAMP)
+	$(BIN)/gateway demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check gateway loadtest tests
+	$(BIN)/mypy
+
+pytest: $(STAMP) system-deps
+	$(BIN)/python -m pytest
+
+test: lint pytest
+
+schema: $(STAMP)
+	$(BIN)/gateway schema -o policies/schema.json
+
+bench-overhead: $(STAMP)
+	$(BIN)/python -m loadtest.overhead
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

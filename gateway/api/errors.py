@@ -1,0 +1,156 @@
+"""OpenAI-shaped errors: one class per case, the HTTP status as a class attribute.
+
+    GatewayError
+    ├── InvalidRequest (400)            bad JSON, wrong types, missing fields
+    ├── AuthenticationFailed (401)      missing, malformed or unknown API key
+    ├── ModelNotFound (404)
+    ├── RouteNotFound (404)
+    ├── MethodNotAllowed (405)
+    ├── BodyTooLarge (413)
+    ├── RateLimited (429)               a backend (or, later, a quota) said slow down
+    ├── BackendFailure (502)            the backend failed or answered garbage
+    ├── NoBackendAvailable (503)        every backend is down or full
+    └── UpstreamTimeout (504)
+
+Every error leaves the gateway as ``{"error": {"message", "type", "param", "code"}}``; the
+``render`` function is the only place that builds that body, so no code path can answer with a
+traceback.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+
+__all__ = [
+    "AuthenticationFailed",
+    "BackendFailure",
+    "BodyTooLarge",
+    "GatewayError",
+    "InvalidRequest",
+    "MethodNotAllowed",
+    "ModelNotFound",
+    "NoBackendAvailable",
+    "RateLimited",
+    "RouteNotFound",
+    "ServerShuttingDown",
+    "UpstreamTimeout",
+    "error_body",
+]
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway answers with."""
+
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "server_error"
+    code: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+        if code is not None:
+            self.code_override: str | None = code
+        else:
+            self.code_override = None
+
+    @property
+    def error_code(self) -> str | None:
+        return self.code_override or self.code
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type, self.param, self.error_code)
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class RouteNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "unknown_url"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class BodyTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class BackendFailure(GatewayError):
+    status = 502
+    type = "api_error"
+    code = "backend_error"
+
+
+class NoBackendAvailable(GatewayError):
+    status = 503
+    type = "api_error"
+    code = "no_backend_available"
+
+
+class ServerShuttingDown(GatewayError):
+    status = 503
+    type = "api_error"
+    code = "shutting_down"
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    type = "api_error"
+    code = "upstream_timeout"
+
+
+class _ErrorDetail(msgspec.Struct, omit_defaults=False):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class _ErrorEnvelope(msgspec.Struct):
+    error: _ErrorDetail
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def error_body(message: str, type_: str, param: str | None, code: str | None) -> bytes:
+    """The one place an error body is built."""
+    return _encoder.encode(_ErrorEnvelope(_ErrorDetail(message, type_, param, code)))

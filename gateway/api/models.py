@@ -1,0 +1,78 @@
+"""``GET /v1/models`` and ``GET /v1/models/{id}``: the public model names of the policy."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+import msgspec
+
+from gateway.api.asgi import get_header, send_error, send_json
+from gateway.api.errors import AuthenticationFailed, GatewayError, MethodNotAllowed, ModelNotFound
+from gateway.api.proxy import request_id_for
+from gateway.auth import bearer_token
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
+    from gateway.types import Receive, Scope, Send
+
+__all__ = ["ModelsHandler"]
+
+
+class _ModelCard(msgspec.Struct):
+    id: str
+    created: int
+    owned_by: str
+    object: str = "model"
+
+
+class _ModelList(msgspec.Struct):
+    data: list[_ModelCard]
+    object: str = "list"
+
+
+def _model_id(scope: Scope) -> str:
+    """The id after ``/v1/models/`` in the request path ('' for the list)."""
+    raw = scope.get("raw_path") or scope["path"].encode()
+    path = unquote(raw.split(b"?", 1)[0].decode("utf-8", "replace"))
+    return path.removeprefix("/v1/models").strip("/")
+
+
+class ModelsHandler:
+    """Lists models, or shows one when the route carries a ``model_id``."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        created = int(time.time())
+        self.cards = {
+            m.name: _ModelCard(m.name, created, m.owned_by) for m in runtime.policy.models
+        }
+        self.list_body = msgspec.json.encode(_ModelList(list(self.cards.values())))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        id_header = [(b"x-request-id", request_id_for(scope).encode())]
+        try:
+            if scope["method"] not in ("GET", "HEAD"):
+                raise MethodNotAllowed(
+                    f"method {scope['method']} is not allowed here; use GET",
+                    headers={"Allow": "GET"},
+                )
+            keys = self.runtime.keys
+            if (
+                keys.required
+                and keys.identify(bearer_token(get_header(scope, b"authorization"))) is None
+            ):
+                raise AuthenticationFailed(
+                    "Invalid API key. Pass a valid key as 'Authorization: Bearer <key>'."
+                )
+            model_id = _model_id(scope)
+            if not model_id:
+                await send_json(send, 200, self.list_body, id_header)
+                return
+            card = self.cards.get(model_id)
+            if card is None:
+                raise ModelNotFound(f"The model '{model_id}' does not exist.", param="model")
+            await send_json(send, 200, msgspec.json.encode(card), id_header)
+        except GatewayError as exc:
+            await send_error(send, exc, id_header)

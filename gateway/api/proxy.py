@@ -1,0 +1,191 @@
+"""The proxied OpenAI routes, as raw ASGI handlers: authenticate, parse, route, forward, relay.
+
+One instance per endpoint, shared by all requests; per-request state lives in the
+:class:`~gateway.context.RequestContext`. A watcher on ``receive`` notices a client that leaves
+and cancels the request at once, which aborts the upstream connection so the backend frees its
+slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from gateway.api.asgi import ClientGone, get_header, read_body, send_error
+from gateway.api.errors import (
+    AuthenticationFailed,
+    GatewayError,
+    MethodNotAllowed,
+    ModelNotFound,
+    NoBackendAvailable,
+    ServerShuttingDown,
+)
+from gateway.api.parse import parse_request
+from gateway.api.relay import relay_response
+from gateway.api.upstream_errors import as_gateway_error
+from gateway.auth import bearer_token
+from gateway.context import RequestContext
+from gateway.routing.pool import pick_backend
+from gateway.upstream.errors import UpstreamError
+from gateway.upstream.headers import request_headers
+
+if TYPE_CHECKING:
+    from gateway.api.parse import Endpoint, ParsedRequest
+    from gateway.routing.pool import BackendState
+    from gateway.runtime import Runtime
+    from gateway.types import Message, RawHeaders, Receive, Scope, Send
+
+__all__ = ["ProxyHandler", "request_id_for"]
+
+_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
+_encoder = msgspec.json.Encoder()
+
+
+def request_id_for(scope: Scope) -> str:
+    """Keep a well-formed client ``x-request-id``; otherwise make one."""
+    supplied = get_header(scope, b"x-request-id")
+    if supplied is not None and _REQUEST_ID.match(supplied):
+        return supplied.decode("ascii")
+    return uuid.uuid4().hex
+
+
+class _Watch:
+    """Cancels the request's task when the client disconnects, until :meth:`stop`."""
+
+    __slots__ = ("_future", "_task", "active", "client_gone")
+
+    def __init__(self, receive: Receive) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self.active = True
+        self.client_gone = False
+        self._future: asyncio.Future[Message] = asyncio.ensure_future(receive())
+        self._future.add_done_callback(self._on_message)
+
+    def _on_message(self, future: asyncio.Future[Message]) -> None:
+        if not self.active or future.cancelled() or future.exception() is not None:
+            return
+        if future.result().get("type") == "http.disconnect":
+            self.client_gone = True
+            self._task.cancel()
+
+    def stop(self) -> None:
+        self.active = False
+        self._future.cancel()
+
+
+class ProxyHandler:
+    """ASGI handler for one OpenAI endpoint."""
+
+    def __init__(self, runtime: Runtime, endpoint: Endpoint) -> None:
+        self.runtime = runtime
+        self.endpoint = endpoint
+        self.max_body = runtime.policy.server.max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx = RequestContext(request_id_for(scope), self.endpoint.path)
+        id_header: RawHeaders = [(b"x-request-id", ctx.request_id.encode())]
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        watch: _Watch | None = None
+        try:
+            if scope["method"] != "POST":
+                raise MethodNotAllowed(
+                    f"method {scope['method']} is not allowed on {self.endpoint.path}; use POST",
+                    headers={"Allow": "POST"},
+                )
+            if self.runtime.draining:
+                raise ServerShuttingDown("the gateway is shutting down; retry on another replica")
+            self._authenticate(scope, ctx)
+            body = await read_body(scope, receive, self.max_body)
+            parsed = parse_request(body, self.endpoint)
+            watch = _Watch(receive)
+            await self._forward(scope, ctx, parsed, body, tracked_send, id_header)
+        except GatewayError as exc:
+            ctx.outcome, ctx.status, ctx.error = "rejected", exc.status, exc.message
+            if not started:
+                await send_error(send, exc, id_header)
+        except ClientGone:
+            ctx.outcome = "cancelled"
+        except asyncio.CancelledError:
+            if watch is None or not watch.client_gone:
+                raise  # server shutdown past the drain timeout: let it cancel
+            ctx.outcome = "cancelled"
+        finally:
+            if watch is not None:
+                watch.stop()
+
+    def _authenticate(self, scope: Scope, ctx: RequestContext) -> None:
+        keys = self.runtime.keys
+        key_id = keys.identify(bearer_token(get_header(scope, b"authorization")))
+        if key_id is None and keys.required:
+            raise AuthenticationFailed(
+                "Invalid API key. Pass a valid key as 'Authorization: Bearer <key>'."
+            )
+        ctx.key_id = key_id
+
+    def _pick(self, parsed: ParsedRequest, ctx: RequestContext) -> BackendState:
+        model = self.runtime.models.get(parsed.model)
+        if model is None:
+            raise ModelNotFound(
+                f"The model '{parsed.model}' does not exist or you do not have access to it.",
+                param="model",
+            )
+        ctx.request_model = parsed.model
+        ctx.upstream_model = model.upstream_name
+        ctx.stream = parsed.stream
+        pool = self.runtime.pools[model.pool]
+        ctx.pool = pool.name
+        backend = pick_backend(pool.backends)
+        if backend is None:
+            raise NoBackendAvailable(
+                f"every backend of pool '{pool.name}' is at capacity; retry later",
+                headers={"Retry-After": "1"},
+            )
+        ctx.backend = backend.label
+        return backend
+
+    async def _forward(
+        self,
+        scope: Scope,
+        ctx: RequestContext,
+        parsed: ParsedRequest,
+        body: bytes,
+        send: Send,
+        id_header: RawHeaders,
+    ) -> None:
+        backend = self._pick(parsed, ctx)
+        if ctx.upstream_model != parsed.model:
+            parsed.payload["model"] = ctx.upstream_model
+            body = _encoder.encode(parsed.payload)
+        headers = request_headers(scope["headers"])
+        headers["content-type"] = "application/json"
+        headers["accept-encoding"] = "identity"
+        headers["x-request-id"] = ctx.request_id
+        if backend.auth_header:
+            headers["authorization"] = backend.auth_header
+        backend.acquire()
+        ctx.attempts += 1
+        try:
+            try:
+                response = await self.runtime.upstream.post(
+                    backend.urls[self.endpoint.path], body, headers
+                )
+            except UpstreamError as exc:
+                raise as_gateway_error(exc, backend.label) from exc
+            try:
+                await relay_response(response, ctx, send, id_header)
+            finally:
+                response.close()
+        finally:
+            backend.release()

@@ -1,0 +1,73 @@
+"""Relay a backend response to the client: whole bodies at once, streams chunk by chunk.
+
+A stream is relayed as the bytes arrive (no re-framing, no buffering), so the client sees each
+token when the backend sends it. Once the first byte has gone out nothing can be retried; a
+stream that breaks later ends with an SSE error event and a clean close.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from gateway.api.errors import BackendFailure, error_body
+from gateway.api.upstream_errors import as_gateway_error
+from gateway.upstream.errors import UpstreamError
+
+if TYPE_CHECKING:
+    from gateway.context import RequestContext
+    from gateway.types import RawHeaders, Send
+    from gateway.upstream.client import UpstreamResponse
+
+__all__ = ["relay_response"]
+
+_EXCERPT = 300
+
+
+async def relay_response(
+    response: UpstreamResponse, ctx: RequestContext, send: Send, extra: RawHeaders
+) -> None:
+    """Send the backend's answer to the client; raises GatewayError before the first byte only."""
+    status = response.status
+    ctx.status = status
+    if status >= 500:
+        try:
+            text = (await response.read())[:_EXCERPT].decode("utf-8", "replace")
+        except UpstreamError:
+            text = ""
+        raise BackendFailure(f"backend '{ctx.backend}' answered {status}: {text}".rstrip(": "))
+    headers = response.headers + extra
+    if not response.is_stream:
+        try:
+            body = await response.read()
+        except UpstreamError as exc:
+            raise as_gateway_error(exc, ctx.backend or "?") from exc
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        ctx.first_byte_ns = time.perf_counter_ns()
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+        ctx.finished_ns = time.perf_counter_ns()
+        ctx.outcome = "completed"
+        return
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    try:
+        async for chunk in response.chunks():
+            if ctx.first_byte_ns is None:
+                ctx.first_byte_ns = time.perf_counter_ns()
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except UpstreamError as exc:
+        ctx.outcome, ctx.error = "failed", str(exc)
+        if response.is_event_stream:
+            err = as_gateway_error(exc, ctx.backend or "?")
+            payload = error_body(err.message, err.type, None, err.error_code)
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + payload + b"\n\n",
+                    "more_body": True,
+                }
+            )
+    else:
+        ctx.outcome = "completed"
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    ctx.finished_ns = time.perf_counter_ns()

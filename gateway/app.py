@@ -1,0 +1,154 @@
+"""``create_app(policy)``: the one factory that wires the gateway's stages into a Litestar app.
+
+Importing this module starts nothing; the app opens its upstream client in the lifespan and
+closes it after the server has drained. The proxied OpenAI routes are raw ASGI handlers (the hot
+path); health and errors use the framework normally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, cast
+
+from litestar import Litestar, Request, Response, asgi, get
+from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
+
+from gateway.api.errors import GatewayError, MethodNotAllowed, RouteNotFound, error_body
+from gateway.api.health import Readiness
+from gateway.api.models import ModelsHandler
+from gateway.api.parse import ENDPOINTS
+from gateway.api.proxy import ProxyHandler, request_id_for
+from gateway.config import load_policy
+from gateway.runtime import Runtime
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from gateway.config import Policy
+    from gateway.types import ASGIApp, Message, Scope
+
+__all__ = ["CONFIG_ENV", "app_from_env", "create_app"]
+
+#: where ``gateway serve`` tells worker processes which policy to load
+CONFIG_ENV = "GATEWAY_CONFIG"
+
+
+def _error_response(error: GatewayError) -> Response[bytes]:
+    return Response(
+        content=error.body(),
+        status_code=error.status,
+        media_type="application/json",
+        headers=error.headers or None,
+    )
+
+
+def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    """Framework errors (unknown route, wrong method) in OpenAI shape."""
+    if isinstance(exc, NotFoundException):
+        return _error_response(RouteNotFound(f"Unknown route: {request.method} {request.url.path}"))
+    if isinstance(exc, MethodNotAllowedException):
+        allow = (exc.headers or {}).get("Allow", "")
+        return _error_response(
+            MethodNotAllowed(
+                f"method {request.method} is not allowed on {request.url.path}",
+                headers={"Allow": allow} if allow else None,
+            )
+        )
+    return Response(
+        content=error_body(str(exc.detail), "invalid_request_error", None, None),
+        status_code=exc.status_code,
+        media_type="application/json",
+    )
+
+
+def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    """Anything unforeseen: a plain 500 in OpenAI shape, never a traceback."""
+    return Response(
+        content=error_body("internal gateway error", "server_error", None, None),
+        status_code=500,
+        media_type="application/json",
+    )
+
+
+async def _add_request_id(message: Message, scope: Scope) -> None:
+    """Every response carries ``x-request-id`` (the proxy routes set their own first)."""
+    if message["type"] != "http.response.start":
+        return
+    headers = message.setdefault("headers", [])
+    for key, _ in headers:
+        if key == b"x-request-id":
+            return
+    headers.append((b"x-request-id", request_id_for(scope).encode()))
+
+
+def _mark_draining_on_sigterm(runtime: Runtime) -> None:
+    """Flip readiness off as soon as SIGTERM arrives, then let the server drain as usual."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum: int, frame: Any) -> None:
+        runtime.draining = True
+        if callable(previous):
+            previous(signum, frame)
+
+    # ValueError: not the main thread (an app run by tests in a thread)
+    with contextlib.suppress(ValueError):
+        signal.signal(signal.SIGTERM, handler)
+
+
+def create_app(policy: Policy) -> Litestar:
+    """Build the gateway app for one policy."""
+    runtime = Runtime(policy)
+    readiness = Readiness(runtime)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        await runtime.start()
+        _mark_draining_on_sigterm(runtime)
+        try:
+            yield
+        finally:
+            await runtime.close()
+
+    handlers: list[Any] = []
+    for path, endpoint in ENDPOINTS.items():
+        handler: ASGIApp = ProxyHandler(runtime, endpoint)
+        handlers.append(asgi(path, name=endpoint.operation, copy_scope=False)(handler))
+    models: ASGIApp = ModelsHandler(runtime)
+    # a mount, because model ids may hold slashes ("meta-llama/Llama-3.1-8B")
+    handlers.append(asgi("/v1/models", name="models", is_mount=True, copy_scope=True)(models))
+
+    @get("/healthz", sync_to_thread=False)
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @get("/readyz")
+    async def readyz() -> Response[dict[str, Any]]:
+        pools = await readiness.pools()
+        ready = not runtime.draining and all(pools.values())
+        body = {
+            "status": "ready" if ready else "not ready",
+            "draining": runtime.draining,
+            "pools": pools,
+        }
+        return Response(body, status_code=200 if ready else 503)
+
+    handlers += [healthz, readyz]
+    app = Litestar(
+        route_handlers=handlers,
+        lifespan=[lifespan],
+        exception_handlers={HTTPException: _on_http_exception, Exception: _on_unexpected},
+        before_send=[cast("Any", _add_request_id)],
+        openapi_config=None,
+        debug=False,
+        logging_config=None,
+    )
+    app.state.runtime = runtime
+    return app
+
+
+def app_from_env() -> Litestar:
+    """Factory for worker processes: the policy path comes from ``GATEWAY_CONFIG``."""
+    return create_app(load_policy(os.environ[CONFIG_ENV]))

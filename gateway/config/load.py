@@ -1,0 +1,153 @@
+"""Load policy files, validate them, and say exactly what is wrong when they are bad.
+
+A path may be one YAML file or a directory of ``*.yaml``/``*.yml`` files (merged in name order:
+lists concatenate, mappings merge, scalars must not conflict). Each file is type-checked on its own
+first so an error names the file it came from; cross-references (a model's pool exists, names are
+unique, API keys resolve) are checked on the merged result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from gateway.config.model import Policy
+
+__all__ = ["PolicyError", "key_hashes", "load_policy", "parse_policy"]
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used: names the file, the field and the problem."""
+
+    def __init__(self, source: str, field: str, problem: str) -> None:
+        self.source, self.field, self.problem = source, field, problem
+        super().__init__(f"{source}: {field}: {problem}")
+
+
+def _json_path(msg: str) -> tuple[str, str]:
+    """Split msgspec's 'problem - at `$.a.b`' into (field, problem)."""
+    problem, sep, where = msg.rpartition(" - at `")
+    if not sep:
+        return "$", msg
+    return where.rstrip("`"), problem
+
+
+def parse_policy(data: Any, source: str = "<policy>") -> Policy:
+    """Type-check one mapping against the policy model."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(
+            source, "$", f"expected a mapping at the top level, got {type(data).__name__}"
+        )
+    try:
+        return msgspec.convert(data, Policy, strict=True)
+    except msgspec.ValidationError as exc:
+        field, problem = _json_path(str(exc))
+        raise PolicyError(source, field, problem) from exc
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "$"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise PolicyError(str(path), where, f"invalid YAML: {problem}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(str(path), "$", f"cannot read file: {exc}") from exc
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any], source: str, prefix: str = "$") -> None:
+    for key, value in new.items():
+        here = f"{prefix}.{key}"
+        if key not in into:
+            into[key] = value
+        elif isinstance(into[key], list) and isinstance(value, list):
+            into[key] = into[key] + value
+        elif isinstance(into[key], dict) and isinstance(value, dict):
+            merged = dict(into[key])
+            _merge(merged, value, source, here)
+            into[key] = merged
+        elif into[key] != value:
+            raise PolicyError(source, here, "set again with a different value by another file")
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+        if not found:
+            raise PolicyError(str(path), "$", "directory holds no .yaml or .yml file")
+        return found
+    if not path.exists():
+        raise PolicyError(str(path), "$", "no such file or directory")
+    return [path]
+
+
+def load_policy(path: str | os.PathLike[str]) -> Policy:
+    """Load, merge and validate policy YAML from a file or a directory."""
+    root = Path(path)
+    merged: dict[str, Any] = {}
+    for file in _files(root):
+        data = _read_yaml(file)
+        parse_policy(data, str(file))  # typed errors name this file
+        _merge(merged, data or {}, str(file))
+    policy = parse_policy(merged, str(root))
+    validate(policy, str(root))
+    return policy
+
+
+def _unique(names: list[str], source: str, field: str) -> None:
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            raise PolicyError(source, f"$.{field}[{i}].name", f"duplicate name {name!r}")
+        seen.add(name)
+
+
+def validate(policy: Policy, source: str = "<policy>") -> None:
+    """Cross-field checks the types alone cannot express."""
+    if not policy.pools:
+        raise PolicyError(source, "$.pools", "at least one pool is required")
+    if not policy.models:
+        raise PolicyError(source, "$.models", "at least one model is required")
+    _unique([p.name for p in policy.pools], source, "pools")
+    _unique([m.name for m in policy.models], source, "models")
+    pools = {p.name for p in policy.pools}
+    for i, model in enumerate(policy.models):
+        if model.pool not in pools:
+            known = ", ".join(sorted(pools))
+            raise PolicyError(
+                source, f"$.models[{i}].pool", f"unknown pool {model.pool!r} (pools: {known})"
+            )
+    for i, pool in enumerate(policy.pools):
+        labels = [b.label for b in pool.backends]
+        for j, label in enumerate(labels):
+            if labels.index(label) != j:
+                raise PolicyError(
+                    source, f"$.pools[{i}].backends[{j}]", f"duplicate backend {label!r}"
+                )
+    for i, key in enumerate(policy.auth.keys):
+        if (key.sha256 is None) == (key.key_env is None):
+            raise PolicyError(source, f"$.auth.keys[{i}]", "give exactly one of sha256 or key_env")
+    if policy.auth.required and not policy.auth.keys:
+        raise PolicyError(source, "$.auth.keys", "auth.required is true but no key is configured")
+
+
+def key_hashes(policy: Policy) -> dict[str, str]:
+    """sha256 hex of each configured key -> key id; env-named keys are read and hashed now."""
+    hashes: dict[str, str] = {}
+    for key in policy.auth.keys:
+        if key.sha256 is not None:
+            hashes[key.sha256] = key.id
+        elif key.key_env is not None:
+            secret = os.environ.get(key.key_env)
+            if secret:
+                hashes[hashlib.sha256(secret.encode()).hexdigest()] = key.id
+    return hashes

@@ -1,0 +1,46 @@
+"""The per-request context that every stage fills in.
+
+Created per request and not shared between requests. Stages write the facts they learn (key,
+model, pool, backend, timings, outcome); later stages and the access record read them, never
+reaching back into an earlier stage.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["RequestContext"]
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What is known about one request as it moves through the pipeline."""
+
+    request_id: str
+    endpoint: str
+    started_ns: int = field(default_factory=time.perf_counter_ns)
+    key_id: str | None = None
+    request_model: str | None = None  # gen_ai.request.model (the public name)
+    upstream_model: str | None = None  # the name sent to the backend
+    stream: bool = False
+    pool: str | None = None
+    backend: str | None = None
+    attempts: int = 0
+    status: int = 0
+    first_byte_ns: int | None = None  # first body byte relayed to the client
+    finished_ns: int | None = None
+    outcome: str = "pending"  # completed | failed | cancelled | rejected
+    error: str | None = None
+
+    @property
+    def ttfb_ms(self) -> float | None:
+        if self.first_byte_ns is None:
+            return None
+        return (self.first_byte_ns - self.started_ns) / 1e6
+
+    @property
+    def duration_ms(self) -> float | None:
+        if self.finished_ns is None:
+            return None
+        return (self.finished_ns - self.started_ns) / 1e6

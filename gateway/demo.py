@@ -1,0 +1,155 @@
+"""``gateway demo``: two simulated pools and the gateway in front of them, on embedded defaults.
+
+No Redis and no policy file: the simulators run as child processes (so they use the other core)
+and the gateway runs in this process on a policy built here, with a fresh demo API key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.auth import new_api_key
+from gateway.config import parse_policy, validate
+from gateway.server import uvicorn_options
+
+__all__ = ["demo_policy", "run_demo"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def demo_policy(interactive_url: str, batch_url: str, key_sha256: str) -> dict[str, Any]:
+    """The demo's policy (the same shape as ``policies/demo.yaml``)."""
+    return {
+        "server": {"drain_timeout": 10},
+        "auth": {"required": True, "keys": [{"id": "demo", "sha256": key_sha256}]},
+        "pools": [
+            {
+                "name": "interactive",
+                "class": "interactive",
+                "backends": [
+                    {"name": "sim-interactive-1", "url": interactive_url, "max_in_flight": 256}
+                ],
+            },
+            {
+                "name": "batch",
+                "class": "batch",
+                "backends": [{"name": "sim-batch-1", "url": batch_url, "max_in_flight": 2048}],
+            },
+        ],
+        "models": [
+            {"name": "demo-chat", "pool": "interactive", "backend_model": "sim-model"},
+            {"name": "demo-bulk", "pool": "batch", "backend_model": "sim-model"},
+            {"name": "demo-embed", "pool": "interactive", "backend_model": "sim-model"},
+        ],
+    }
+
+
+def _start_sim(profile: str, port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "sim",
+            "--profile",
+            profile,
+            "--port",
+            str(port),
+            "--model",
+            "sim-model",
+        ],
+    )
+
+
+def _wait_healthy(url: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"simulator at {url} did not start")
+        time.sleep(0.1)
+
+
+def _banner(url: str, key: str) -> str:
+    return f"""
+LLM gateway demo is running at {url}
+
+  API key (demo, new each run): {key}
+  models: demo-chat (interactive pool), demo-bulk (batch pool), demo-embed
+
+curl:
+  curl -sN {url}/v1/chat/completions \\
+    -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
+    -d '{{"model": "demo-chat", "stream": true, "max_tokens": 16,
+         "messages": [{{"role": "user", "content": "Say hello"}}]}}'
+
+Python (pip install openai):
+  from openai import OpenAI
+  client = OpenAI(base_url="{url}/v1", api_key="{key}")
+  reply = client.chat.completions.create(
+      model="demo-chat", max_tokens=16,
+      messages=[{{"role": "user", "content": "Say hello"}}])
+  print(reply.choices[0].message.content, reply.usage)
+
+Ctrl-C stops the demo.
+"""
+
+
+def run_demo(host: str, port: int) -> int:
+    """Run until Ctrl-C; returns the exit status."""
+    sims: list[subprocess.Popen[bytes]] = []
+    try:
+        ports = {"interactive": free_port(), "batch": free_port()}
+        for profile, sim_port in ports.items():
+            sims.append(_start_sim(profile, sim_port))
+        urls = {p: f"http://127.0.0.1:{sim_port}" for p, sim_port in ports.items()}
+        for url in urls.values():
+            _wait_healthy(url)
+        key = new_api_key()
+        policy = parse_policy(
+            demo_policy(
+                urls["interactive"], urls["batch"], hashlib.sha256(key.encode()).hexdigest()
+            ),
+            "<demo>",
+        )
+        validate(policy, "<demo>")
+        config = uvicorn.Config(
+            create_app(policy),
+            host=host,
+            port=port,
+            **uvicorn_options(policy.server.drain_timeout),  # type: ignore[arg-type]
+        )
+        server = uvicorn.Server(config)
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        print(_banner(f"http://{shown}:{port}", key), flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run()
+        return 0
+    finally:
+        for proc in sims:
+            proc.terminate()
+        for proc in sims:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()

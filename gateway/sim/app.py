@@ -1,0 +1,187 @@
+"""The simulator's raw ASGI application: routing, fault injection, error rendering.
+
+``SimApp(config)`` builds its engine and metrics registry and starts nothing; the engine's loop
+starts with the ASGI lifespan (or the first request). Endpoints:
+
+- ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream`` supported)
+- ``POST /v1/embeddings``
+- ``GET /v1/models``, ``GET /v1/models/{id}``
+- ``GET /health``, ``GET /metrics`` (vLLM names), ``GET /sim/stats`` (JSON, for tests)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from gateway.sim import metrics
+from gateway.sim.asgi import read_body, send_bytes, watch_disconnect
+from gateway.sim.completions import Call, parse_completion, respond
+from gateway.sim.embeddings import embedding_body
+from gateway.sim.engine import Engine
+from gateway.sim.errors import (
+    BadRequest,
+    InjectedError,
+    MethodNotAllowed,
+    ModelNotFound,
+    NotFound,
+    RateLimited,
+    SimHTTPError,
+)
+from gateway.sim.faults import FaultHeaderError, parse_faults
+
+if TYPE_CHECKING:
+    from gateway.sim.asgi import Receive, Scope, Send
+    from gateway.sim.config import SimConfig
+
+__all__ = ["SimApp"]
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+_POST_ROUTES = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
+_GET_ROUTES = frozenset({"/health", "/metrics", "/sim/stats", "/v1/models"})
+
+
+class SimApp:
+    """One simulated OpenAI-compatible replica as an ASGI callable."""
+
+    def __init__(self, config: SimConfig, engine: Engine | None = None) -> None:
+        self.config = config
+        self.engine = engine or Engine(
+            config.profile, speedup=config.speedup, jitter=config.jitter, seed=config.seed
+        )
+        self.registry = metrics.make_registry(self.engine, config.models[0])
+        self._rng = random.Random(config.seed)
+        self._created = int(time.time())
+
+    def __repr__(self) -> str:
+        return f"<SimApp models={list(self.config.models)} {self.engine!r}>"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                await self._route(scope, receive, send)
+            except SimHTTPError as exc:
+                await send_bytes(send, exc.status, exc.body(), exc.headers)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.engine.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.engine.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        kind = _POST_ROUTES.get(path)
+        if kind is not None:
+            if method != "POST":
+                raise MethodNotAllowed(f"use POST for {path}")
+            await self._post(kind, scope, receive, send)
+        elif path in _GET_ROUTES or path.startswith("/v1/models/"):
+            if method not in ("GET", "HEAD"):
+                raise MethodNotAllowed(f"use GET for {path}")
+            await self._get(path, send)
+        else:
+            raise NotFound(f"no route {method} {path}")
+
+    # -- GET -------------------------------------------------------------------------------------
+
+    async def _get(self, path: str, send: Send) -> None:
+        if path == "/health":
+            await send_bytes(send, 200, b"")
+        elif path == "/metrics":
+            body = metrics.render(self.registry)
+            await send_bytes(send, 200, body, content_type=metrics.CONTENT_TYPE.encode())
+        elif path == "/sim/stats":
+            await send_bytes(send, 200, _encode(self.engine.snapshot()))
+        elif path == "/v1/models":
+            data = [self._model_card(m) for m in self.config.models]
+            await send_bytes(send, 200, _encode({"object": "list", "data": data}))
+        else:
+            name = path.removeprefix("/v1/models/")
+            await send_bytes(send, 200, _encode(self._model_card(self._check_model(name))))
+
+    def _model_card(self, name: str) -> dict[str, Any]:
+        max_len = self.config.profile.kv_tokens
+        return {
+            "id": name,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "gateway-sim",
+            "max_model_len": max_len,
+        }
+
+    def _check_model(self, name: str) -> str:
+        if self.config.strict_models and name not in self.config.models:
+            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+        return name
+
+    # -- POST ------------------------------------------------------------------------------------
+
+    async def _post(self, kind: str, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = await read_body(receive)
+        if raw is None:
+            return  # client left before sending the body
+        call = Call()
+        watcher = asyncio.get_running_loop().create_task(
+            watch_disconnect(receive, call.on_disconnect)
+        )
+        try:
+            await self._handle(kind, scope, raw, send, call)
+        except SimHTTPError as exc:
+            if not call.disconnected:
+                await send_bytes(send, exc.status, exc.body(), exc.headers)
+        finally:
+            watcher.cancel()
+
+    async def _handle(self, kind: str, scope: Scope, raw: bytes, send: Send, call: Call) -> None:
+        cfg = self.config
+        try:
+            faults = parse_faults(scope["headers"], cfg.faults)
+        except FaultHeaderError as exc:
+            raise BadRequest(str(exc)) from exc
+        if faults.extra_latency_ms > 0:
+            await asyncio.sleep(faults.extra_latency_ms / 1000)
+        if faults.retry_after is not None:
+            raise RateLimited("simulated rate limit", retry_after=faults.retry_after)
+        status = faults.error_to_inject(self._rng)
+        if status is not None:
+            raise InjectedError(status)
+        body = self._decode(raw)
+        model = body.get("model")
+        model = self._check_model(model) if isinstance(model, str) else cfg.models[0]
+        if kind == "embeddings":
+            out = embedding_body(
+                body, model=model, default_dim=cfg.embedding_dim, encoding=cfg.encoding
+            )
+            await send_bytes(send, 200, out)
+            return
+        completion = parse_completion(body, chat=kind == "chat", model=model, cfg=cfg)
+        await respond(send, self.engine, completion, faults, call)
+
+    @staticmethod
+    def _decode(raw: bytes) -> dict[str, Any]:
+        try:
+            body = _decode(raw)
+        except msgspec.DecodeError as exc:
+            raise BadRequest(f"invalid JSON body: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the JSON body must be an object")
+        return body

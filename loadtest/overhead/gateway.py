@@ -1,0 +1,95 @@
+"""The gateway under test: its policy file, its command line, and starting it.
+
+The gateway is restarted per mode (non-stream, stream) with the matching backend port in its
+config: the fixture backend serves one response per port, and the gateway has one backend URL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import shlex
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .procs import HOST, Managed, ProcessSet, pinned, wait_http_ok
+
+HEALTH_PATH = "/healthz"
+
+
+def new_api_key() -> str:
+    """A random key with the gateway's ``sk-gw-`` prefix; only its sha256 goes in the config."""
+    return f"sk-gw-bench-{secrets.token_hex(16)}"
+
+
+def config_yaml(api_key: str, backend_port: int) -> str:
+    """The gateway policy: one key, one pool with the nginx fixture backend, one model."""
+    digest = hashlib.sha256(api_key.encode()).hexdigest()
+    return f"""\
+server:
+  max_body_bytes: 8388608
+auth:
+  keys:
+    - id: bench
+      sha256: {digest}
+pools:
+  - name: bench
+    class: interactive
+    backends:
+      - name: nginx
+        url: http://{HOST}:{backend_port}
+        max_in_flight: 4096
+models:
+  - name: bench-model
+    pool: bench
+"""
+
+
+def default_command() -> str:
+    """``gateway serve`` from this interpreter's venv (falling back to PATH)."""
+    exe = Path(sys.executable).parent / "gateway"
+    binary = str(exe) if exe.exists() else (shutil.which("gateway") or "gateway")
+    return (
+        f"{shlex.quote(binary)} serve --config {{config}} --host {{host}} --port {{port}} "
+        "--workers 1"
+    )
+
+
+def command(template: str, *, config: Path, port: int, backend_port: int) -> list[str]:
+    """Expand ``{config}``, ``{host}``, ``{port}``, ``{backend_port}`` in a command template."""
+    words = shlex.split(template)
+    fields = {
+        "config": str(config),
+        "host": HOST,
+        "port": str(port),
+        "backend_port": str(backend_port),
+    }
+    return [w.format(**fields) for w in words]
+
+
+def start(
+    procs: ProcessSet,
+    workdir: Path,
+    *,
+    template: str,
+    api_key: str,
+    port: int,
+    backend_port: int,
+    cpus: str | None,
+    label: str,
+    health_path: str = HEALTH_PATH,
+    ready_timeout: float = 60.0,
+) -> Managed:
+    """Write the config, start the gateway pinned to ``cpus``, wait for ``GET /healthz`` 200."""
+    config = workdir / f"gateway-{label}.yaml"
+    config.write_text(config_yaml(api_key, backend_port))
+    cmd: Sequence[str] = command(template, config=config, port=port, backend_port=backend_port)
+    managed = procs.start(f"gateway-{label}", pinned(cmd, cpus), workdir / f"gateway-{label}.log")
+    try:
+        wait_http_ok(managed, port, health_path, timeout=ready_timeout)
+    except BaseException:
+        procs.stop(managed)
+        raise
+    return managed

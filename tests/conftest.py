@@ -1,0 +1,33 @@
+"""Shared fixtures: a simulated interactive pool and a real gateway process in front of it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.sim.server import SimServer
+from tests.helpers import TEST_KEY, GatewayProcess, policy
+
+
+@pytest.fixture(scope="session")
+def sim() -> Iterator[SimServer]:
+    """One interactive simulator, 5x faster than real time, for the whole session."""
+    with SimServer("interactive", speedup=5, jitter=0.0) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def gateway(sim: SimServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """``gateway serve`` on a free port with pool 'chat' -> the simulator (model 'chat-model')."""
+    tmp: Path = tmp_path_factory.mktemp("gateway")
+    data = policy({"chat": [sim.url]}, max_body_bytes=64 * 1024)
+    data["server"]["timeouts"] = {"first_byte": 2.0}
+    with GatewayProcess(tmp, data) as gw:
+        yield gw
+
+
+@pytest.fixture()
+def api_key() -> str:
+    return TEST_KEY
