@@ -28,6 +28,7 @@ class RequestContext:
     backend: str | None = None
     attempts: int = 0
     status: int = 0
+    response_started: bool = False  # the status line went out: no error answer possible now
     first_byte_ns: int | None = None  # first body byte relayed to the client
     finished_ns: int | None = None
     outcome: str = "pending"  # completed | failed | cancelled | rejected

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from gateway.auth import StaticKeys
 from gateway.config import key_hashes
 from gateway.routing.pool import PoolState
-from gateway.upstream.client import Upstream
+from gateway.upstream.base import make_upstream
 
 if TYPE_CHECKING:
     from gateway.config import Model, Policy
@@ -27,7 +27,10 @@ class Runtime:
         self.keys = StaticKeys(key_hashes(policy), required=policy.auth.required)
         self.pools = {p.name: PoolState(p) for p in policy.pools}
         self.models: dict[str, Model] = {m.name: m for m in policy.models}
-        self.upstream = Upstream(policy.server.timeouts, policy.server.keepalive_per_backend)
+        server = policy.server
+        self.upstream = make_upstream(
+            server.upstream_client, server.timeouts, server.keepalive_per_backend
+        )
         self.draining = False
 
     async def start(self) -> None:

@@ -10,6 +10,7 @@
     ├── RateLimited (429)               a backend (or, later, a quota) said slow down
     ├── BackendFailure (502)            the backend failed or answered garbage
     ├── NoBackendAvailable (503)        every backend is down or full
+    ├── InternalError (500)             a bug; no detail leaves the process
     └── UpstreamTimeout (504)
 
 Every error leaves the gateway as ``{"error": {"message", "type", "param", "code"}}``; the
@@ -28,6 +29,7 @@ __all__ = [
     "BackendFailure",
     "BodyTooLarge",
     "GatewayError",
+    "InternalError",
     "InvalidRequest",
     "MethodNotAllowed",
     "ModelNotFound",
@@ -129,6 +131,13 @@ class ServerShuttingDown(GatewayError):
     status = 503
     type = "api_error"
     code = "shutting_down"
+
+
+class InternalError(GatewayError):
+    """A bug in the gateway: answered as a plain 500 with no detail."""
+
+    status = 500
+    type = "server_error"
 
 
 class UpstreamTimeout(GatewayError):

@@ -17,7 +17,7 @@ from gateway.upstream.errors import UpstreamError
 if TYPE_CHECKING:
     from gateway.context import RequestContext
     from gateway.types import RawHeaders, Send
-    from gateway.upstream.client import UpstreamResponse
+    from gateway.upstream.base import UpstreamResponse
 
 __all__ = ["relay_response"]
 
@@ -43,12 +43,14 @@ async def relay_response(
         except UpstreamError as exc:
             raise as_gateway_error(exc, ctx.backend or "?") from exc
         headers.append((b"content-length", str(len(body)).encode()))
+        ctx.response_started = True
         await send({"type": "http.response.start", "status": status, "headers": headers})
         ctx.first_byte_ns = time.perf_counter_ns()
         await send({"type": "http.response.body", "body": body, "more_body": False})
         ctx.finished_ns = time.perf_counter_ns()
         ctx.outcome = "completed"
         return
+    ctx.response_started = True
     await send({"type": "http.response.start", "status": status, "headers": headers})
     try:
         async for chunk in response.chunks():

@@ -91,6 +91,8 @@ class Server(_Base, frozen=True):
     keepalive_per_backend: PositiveInt = 256
     #: readiness: how often /readyz may re-check backend reachability, in seconds
     ready_check_interval: PositiveFloat = 5.0
+    #: the upstream HTTP client: the lean built-in HTTP/1.1 client, or aiohttp
+    upstream_client: Literal["native", "aiohttp"] = "native"
 
 
 class ApiKey(_Base, frozen=True):

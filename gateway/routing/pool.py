@@ -37,7 +37,7 @@ class BackendState:
         self.chat_url = self.urls["/v1/chat/completions"]
         self.in_flight = 0
         key = os.environ.get(config.api_key_env) if config.api_key_env else None
-        self.auth_header = f"Bearer {key}" if key else None
+        self.auth_header = f"Bearer {key}".encode() if key else None
 
     @property
     def full(self) -> bool:

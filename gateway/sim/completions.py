@@ -184,6 +184,7 @@ async def _stream(
         return
     seen = 0
     words = c.words
+    token = fmt.token
     while True:
         n = await req.wait(seen)
         if req.state is RequestState.CANCELLED:
@@ -196,7 +197,9 @@ async def _stream(
                 await _send(send, _events(fmt, words, seen, limit), more=True)
                 await _abort(send, call)
                 return
-            await _send(send, _events(fmt, words, seen, n), more=True)
+            # Hot path: one token per wake-up unless this consumer fell behind.
+            body = token(words[seen]) if n == seen + 1 and seen else _events(fmt, words, seen, n)
+            await send({"type": "http.response.body", "body": body, "more_body": True})
             seen = n
         if req.done:
             break

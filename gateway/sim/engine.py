@@ -69,6 +69,7 @@ class SimRequest:
 
     __slots__ = (
         "_engine",
+        "_loop",
         "_waiter",
         "admitted_at",
         "arrival",
@@ -88,6 +89,7 @@ class SimRequest:
     def __init__(
         self,
         engine: Engine,
+        loop: asyncio.AbstractEventLoop,
         rid: int,
         prompt_tokens: int,
         max_tokens: int,
@@ -96,6 +98,7 @@ class SimRequest:
         eligible_at: float,
     ) -> None:
         self._engine = engine
+        self._loop = loop
         self._waiter: asyncio.Future[None] | None = None
         self.id = rid
         self.prompt_tokens = prompt_tokens
@@ -125,8 +128,11 @@ class SimRequest:
 
     async def wait(self, seen: int) -> int:
         """Wait until more than ``seen`` tokens exist or the request is done; return the count."""
-        while self.generated <= seen and not self.done:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Hot path (once per token per stream): no property calls, the loop looked up once.
+        while self.generated <= seen and (
+            self.state is RequestState.WAITING or self.state is RequestState.RUNNING
+        ):
+            fut: asyncio.Future[None] = self._loop.create_future()
             self._waiter = fut
             try:
                 await fut
@@ -173,6 +179,8 @@ class Engine:
         self._kv_free_blocks = self._kv_total_blocks
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: The loop the engine runs in, set by :meth:`start`.
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._scale = 1.0 / (1000.0 * speedup)  # model milliseconds -> wall seconds
 
@@ -187,7 +195,8 @@ class Engine:
     def start(self) -> None:
         """Start the step loop in the running event loop (no-op when already started)."""
         if self._task is None and not self._closed:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
+            self.loop = asyncio.get_running_loop()
+            self._task = self.loop.create_task(self._run(), name="sim-engine")
 
     async def close(self) -> None:
         """Stop the loop and cancel every request still in the engine."""
@@ -227,10 +236,12 @@ class Engine:
                 f"({self.profile.kv_tokens} tokens)"
             )
         self.start()
-        now = asyncio.get_running_loop().time()
+        loop = self.loop
+        assert loop is not None  # set by start()
+        now = loop.time()
         eligible = now + self.profile.request_overhead_ms * self._scale
         req = SimRequest(
-            self, next(self._ids), prompt_tokens, max_tokens, cached_tokens, now, eligible
+            self, loop, next(self._ids), prompt_tokens, max_tokens, cached_tokens, now, eligible
         )
         self._waiting[req.id] = req
         self._wake.set()

@@ -61,16 +61,12 @@ def _connection_tokens(headers: RawHeaders) -> set[bytes]:
     return tokens
 
 
-def request_headers(client_headers: RawHeaders) -> dict[str, str]:
-    """Client headers safe to forward upstream (names lower-case)."""
-    extra = _connection_tokens(client_headers)
-    out: dict[str, str] = {}
-    for key, value in client_headers:
-        name = key.lower()
-        if name in _REQUEST_DROP or name in extra:
-            continue
-        out[name.decode("latin-1")] = value.decode("latin-1")
-    return out
+def request_headers(client_headers: RawHeaders) -> RawHeaders:
+    """Client headers safe to forward upstream (ASGI servers give names in lower case)."""
+    extra = _connection_tokens(client_headers) if any(
+        k == b"connection" for k, _ in client_headers
+    ) else ()
+    return [(k, v) for k, v in client_headers if k not in _REQUEST_DROP and k not in extra]
 
 
 def response_headers(upstream_headers: RawHeaders) -> RawHeaders:

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from . import gateway, nginx, payloads, report, wrk
 from .procs import HOST, ProcessSet, check_endpoint, ensure_tools, free_ports
 
+BUSY_LOADAVG = 0.5  # above this before the run, warn that other work skews the numbers
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "overhead.json"
 
 
@@ -108,6 +109,7 @@ def _meta(args: argparse.Namespace, tools: dict[str, str], gw_cmd: str | None) -
         },
         "gateway_cmd": gw_cmd,
         "stream_chunks": payloads.STREAM_CHUNKS,
+        "loadavg_start": os.getloadavg(),
     }
 
 
@@ -258,6 +260,14 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
     table = report.markdown(results)
+    args.meta["loadavg_end"] = os.getloadavg()
+    busy = args.meta["loadavg_start"][0]
+    if busy > BUSY_LOADAVG:
+        # Pinning cannot keep other work off our cores; say so next to the numbers.
+        table += (
+            f"\nNote: 1-min load average was {busy:.2f} before the run: other processes were "
+            "competing for the CPUs, so the numbers are noisy. Re-run on an idle machine.\n"
+        )
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report.to_json(results, args.meta), indent=2) + "\n")

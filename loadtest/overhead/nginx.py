@@ -44,7 +44,6 @@ def _main_block(workdir: Path, name: str, cpus: str | None) -> str:
         "master_process on;",
         f"pid {workdir}/{name}.pid;",
         f"error_log {workdir}/{name}-error.log warn;",
-        "worker_rlimit_nofile 65536;",
         "events { worker_connections 8192; multi_accept on; }",
     ]
     return "\n".join(ln for ln in lines if ln)

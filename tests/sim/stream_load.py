@@ -83,6 +83,7 @@ async def _run(args: argparse.Namespace, base: str, pid: int) -> dict[str, objec
                 await asyncio.sleep(0.05)
         results = [Result() for _ in range(args.streams)]
         cpu0 = _cpu_seconds(pid)
+        client0 = time.process_time()
         start = time.perf_counter()
         url = base + "/v1/chat/completions"
         tasks = [asyncio.create_task(_one(session, url, args.max_tokens, r)) for r in results]
@@ -103,6 +104,7 @@ async def _run(args: argparse.Namespace, base: str, pid: int) -> dict[str, objec
         await asyncio.gather(*tasks, return_exceptions=True)
         wall = time.perf_counter() - start
         cpu = _cpu_seconds(pid) - cpu0
+        client_cpu = time.process_time() - client0
         async with session.get(base + "/sim/stats") as resp:
             stats = await resp.json()
     # Step lag once every stream is open (excludes the arrival burst's prompt counting).
@@ -126,6 +128,7 @@ async def _run(args: argparse.Namespace, base: str, pid: int) -> dict[str, objec
         "ttft_max_s": round(ttft[-1], 3) if ttft else None,
         "sim_cpu_s": round(cpu, 2),
         "sim_cpu_util": round(cpu / wall, 2),
+        "client_cpu_util": round(client_cpu / wall, 2),
         "sim_steps": stats["steps"],
         "sim_step_lag_ms_mean": round(stats["step_lag_ms_mean"], 3),
         "sim_step_lag_ms_mean_all_open": round(steady_lag, 3),
@@ -138,7 +141,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--speedup", type=float, default=5.0)
     parser.add_argument("--profile", default="batch")
+    parser.add_argument("--port", type=int, help="use a simulator already running here")
+    parser.add_argument("--pid", type=int, help="its process id (for CPU time)")
     args = parser.parse_args()
+    if args.port:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            report = runner.run(_run(args, f"http://127.0.0.1:{args.port}", args.pid))
+        print(json.dumps(report, indent=2))
+        return
     port = _free_port()
     proc = spawn(port, args.profile, "--speedup", str(args.speedup), "--queue-limit", "100000")
     try:

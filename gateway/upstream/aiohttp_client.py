@@ -1,4 +1,4 @@
-"""The upstream hop: one shared aiohttp session per process, with keep-alive pools.
+"""The aiohttp upstream client: one shared session per process, with keep-alive pools.
 
 aiohttp was measured here at 6,000-12,000 requests/s on this hop where httpx 0.28 manages ~600
 (encode/httpx#3215), so it carries the hot path. The session is made once by the app's lifespan
@@ -29,10 +29,10 @@ if TYPE_CHECKING:
     from gateway.config import Timeouts
     from gateway.types import RawHeaders
 
-__all__ = ["Upstream", "UpstreamResponse"]
+__all__ = ["AiohttpResponse", "AiohttpUpstream"]
 
 
-class UpstreamResponse:
+class AiohttpResponse:
     """A backend's response, headers received, body not yet read.
 
     Per request and not shared. The caller must call :meth:`close` (idempotent) on every path;
@@ -90,7 +90,7 @@ class UpstreamResponse:
             self._resp.close()
 
 
-class Upstream:
+class AiohttpUpstream:
     """The process's HTTP client for backends."""
 
     def __init__(self, timeouts: Timeouts, keepalive_per_backend: int = 256) -> None:
@@ -124,7 +124,7 @@ class Upstream:
             await self._session.close()
             self._session = None
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+    async def post(self, url: str, body: bytes, headers: RawHeaders) -> AiohttpResponse:
         """Send a POST and wait for the response headers.
 
         Connect errors are :class:`UpstreamConnectError` (safe to retry: nothing was sent);
@@ -135,7 +135,10 @@ class Upstream:
             raise UpstreamConnectError("upstream client is not started")
         try:
             async with asyncio.timeout(self._timeouts.first_byte):
-                resp = await session.post(url, data=body, headers=headers)
+                resp = await session.post(
+                    url, data=body, headers=[(k.decode("latin-1"), v.decode("latin-1"))
+                                             for k, v in headers]
+                )
         except aiohttp.ConnectionTimeoutError as exc:
             raise UpstreamConnectTimeout(f"connecting to backend timed out: {exc}") from exc
         except TimeoutError as exc:  # our deadline, or aiohttp's sock_read before the headers
@@ -149,7 +152,7 @@ class Upstream:
             raise UpstreamConnectError(f"cannot connect to backend: {reason}") from exc
         except aiohttp.ClientError as exc:
             raise UpstreamProtocolError(f"backend request failed: {exc!r}") from exc
-        return UpstreamResponse(resp, self._timeouts.idle)
+        return AiohttpResponse(resp, self._timeouts.idle)
 
     async def get(self, url: str, timeout: float) -> int:
         """A low-rate GET (health checks): the status, or raises UpstreamError."""
