@@ -18,11 +18,14 @@ def sim() -> Iterator[SimServer]:
         yield server
 
 
-@pytest.fixture(scope="session")
-def gateway(sim: SimServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """``gateway serve`` on a free port with pool 'chat' -> the simulator (model 'chat-model')."""
+@pytest.fixture(scope="session", params=["native", "aiohttp"])
+def gateway(
+    sim: SimServer, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[GatewayProcess]:
+    """``gateway serve`` on a free port with pool 'chat' -> the simulator (model 'chat-model'),
+    once with each upstream client."""
     tmp: Path = tmp_path_factory.mktemp("gateway")
-    data = policy({"chat": [sim.url]}, max_body_bytes=64 * 1024)
+    data = policy({"chat": [sim.url]}, max_body_bytes=64 * 1024, upstream_client=request.param)
     data["server"]["timeouts"] = {"first_byte": 2.0}
     with GatewayProcess(tmp, data) as gw:
         yield gw
