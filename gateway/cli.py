@@ -103,12 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run an OpenAI-compatible simulated continuous-batching inference engine "
         "(for demos, tests and load tests).",
     )
-    try:
-        from gateway.sim.cli import add_arguments
-    except ImportError:  # TEMP until the simulator lands
-        pass
-    else:
-        add_arguments(sim)
+    from gateway.sim.cli import add_arguments
+
+    add_arguments(sim)
     sim.set_defaults(func=_cmd_sim)
 
     demo = sub.add_parser(

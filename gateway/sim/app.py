@@ -33,6 +33,8 @@ from gateway.sim.errors import (
     SimHTTPError,
 )
 from gateway.sim.faults import FaultHeaderError, parse_faults
+from gateway.sim.text import vocabulary
+from gateway.tokenizers import get_encoding
 
 if TYPE_CHECKING:
     from gateway.sim.asgi import Receive, Scope, Send
@@ -79,6 +81,9 @@ class SimApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                # Load the BPE files now (~0.5 s) rather than inside the first request's TTFT.
+                get_encoding(self.config.encoding)
+                vocabulary()
                 self.engine.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
