@@ -7,6 +7,7 @@ path); health and errors use the framework normally.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -16,13 +17,14 @@ from typing import TYPE_CHECKING, Any, cast
 from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
-from gateway.api.errors import GatewayError, MethodNotAllowed, RouteNotFound, error_body
+from gateway.api.admin import admin_handlers, reload_logged
 from gateway.api.health import Readiness
 from gateway.api.models import ModelsHandler
 from gateway.api.parse import ENDPOINTS
 from gateway.api.proxy import ProxyHandler, request_id_for
 from gateway.config import load_policy
-from gateway.runtime import Runtime
+from gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound, error_body
+from gateway.runtime import Gateway
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -64,6 +66,10 @@ def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> R
     )
 
 
+def _on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
+    return _error_response(exc)
+
+
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     """Anything unforeseen: a plain 500 in OpenAI shape, never a traceback."""
     return Response(
@@ -84,12 +90,12 @@ async def _add_request_id(message: Message, scope: Scope) -> None:
     headers.append((b"x-request-id", request_id_for(scope).encode()))
 
 
-def _mark_draining_on_sigterm(runtime: Runtime) -> None:
+def _mark_draining_on_sigterm(gateway: Gateway) -> None:
     """Flip readiness off as soon as SIGTERM arrives, then let the server drain as usual."""
     previous = signal.getsignal(signal.SIGTERM)
 
     def handler(signum: int, frame: Any) -> None:
-        runtime.draining = True
+        gateway.draining = True
         if callable(previous):
             previous(signum, frame)
 
@@ -117,27 +123,43 @@ class GatewayApp(Litestar):
         await super().__call__(scope, receive, send)  # type: ignore[arg-type]
 
 
-def create_app(policy: Policy) -> Litestar:
-    """Build the gateway app for one policy."""
-    runtime = Runtime(policy)
-    readiness = Readiness(runtime)
+def _reload_on_sighup(gateway: Gateway) -> None:
+    """SIGHUP re-reads the policy file; an invalid one keeps the old policy (and says why)."""
+    if gateway.source is None:
+        return
+    loop = asyncio.get_running_loop()
+
+    def reload() -> None:
+        task = loop.create_task(reload_logged(gateway, "SIGHUP"))
+        gateway.shadow_tasks.add(task)  # keep a reference until done
+        task.add_done_callback(gateway.shadow_tasks.discard)
+
+    with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+        loop.add_signal_handler(signal.SIGHUP, reload)
+
+
+def create_app(policy: Policy, source: str | None = None) -> Litestar:
+    """Build the gateway app for one policy (``source``: its path, for reloads)."""
+    gateway = Gateway(policy, source)
+    readiness = Readiness(gateway)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        await runtime.start()
-        _mark_draining_on_sigterm(runtime)
+        await gateway.start()
+        _mark_draining_on_sigterm(gateway)
+        _reload_on_sighup(gateway)
         try:
             yield
         finally:
-            await runtime.close()
+            await gateway.close()
 
     handlers: list[Any] = []
     fast_routes: dict[str, ASGIApp] = {}
     for path, endpoint in ENDPOINTS.items():
-        handler: ASGIApp = ProxyHandler(runtime, endpoint)
+        handler: ASGIApp = ProxyHandler(gateway, endpoint)
         fast_routes[path] = handler
         handlers.append(asgi(path, name=endpoint.operation, copy_scope=False)(handler))
-    models: ASGIApp = ModelsHandler(runtime)
+    models: ASGIApp = ModelsHandler(gateway)
     # a mount, because model ids may hold slashes ("meta-llama/Llama-3.1-8B")
     handlers.append(asgi("/v1/models", name="models", is_mount=True, copy_scope=True)(models))
 
@@ -148,29 +170,34 @@ def create_app(policy: Policy) -> Litestar:
     @get("/readyz")
     async def readyz() -> Response[dict[str, Any]]:
         pools = await readiness.pools()
-        ready = not runtime.draining and all(pools.values())
+        ready = not gateway.draining and all(pools.values())
         body = {
             "status": "ready" if ready else "not ready",
-            "draining": runtime.draining,
+            "draining": gateway.draining,
             "pools": pools,
         }
         return Response(body, status_code=200 if ready else 503)
 
-    handlers += [healthz, readyz]
+    handlers += [healthz, readyz, *admin_handlers(gateway)]
     app = GatewayApp(
         route_handlers=handlers,
         lifespan=[lifespan],
-        exception_handlers={HTTPException: _on_http_exception, Exception: _on_unexpected},
+        exception_handlers={
+            GatewayError: _on_gateway_error,
+            HTTPException: _on_http_exception,
+            Exception: _on_unexpected,
+        },
         before_send=[cast("Any", _add_request_id)],
         openapi_config=None,
         debug=False,
         logging_config=None,
     )
-    app.state.runtime = runtime
+    app.state.gateway = gateway
     app.fast_routes = fast_routes
     return app
 
 
 def app_from_env() -> Litestar:
     """Factory for worker processes: the policy path comes from ``GATEWAY_CONFIG``."""
-    return create_app(load_policy(os.environ[CONFIG_ENV]))
+    source = os.environ[CONFIG_ENV]
+    return create_app(load_policy(source), source)

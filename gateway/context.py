@@ -24,21 +24,27 @@ class RequestContext:
     request_model: str | None = None  # gen_ai.request.model (the public name)
     upstream_model: str | None = None  # the name sent to the backend
     stream: bool = False
+    request_class: str | None = None
+    version: str | None = None  # the rollout version chosen, if the model has versions
     pool: str | None = None
     backend: str | None = None
     attempts: int = 0
+    failovers: int = 0  # moves to a fallback pool
+    retry_budget_exhausted: bool = False
     status: int = 0
     response_started: bool = False  # the status line went out: no error answer possible now
-    first_byte_ns: int | None = None  # first body byte relayed to the client
+    first_token_ns: int | None = None  # first body byte relayed to the client
+    output_chunks: int = 0
+    last_chunk_ns: int | None = None
     finished_ns: int | None = None
     outcome: str = "pending"  # completed | failed | cancelled | rejected
     error: str | None = None
 
     @property
-    def ttfb_ms(self) -> float | None:
-        if self.first_byte_ns is None:
+    def ttft_ms(self) -> float | None:
+        if self.first_token_ns is None:
             return None
-        return (self.first_byte_ns - self.started_ns) / 1e6
+        return (self.first_token_ns - self.started_ns) / 1e6
 
     @property
     def duration_ms(self) -> float | None:

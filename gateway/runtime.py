@@ -1,43 +1,99 @@
 """The gateway's live state for one process, built from a policy by ``create_app``.
 
-Holding it in one object passed to the handlers (instead of module globals) keeps the app
-importable without side effects and lets tests build as many gateways as they like.
+``Gateway`` is process-wide (the upstream client, the current ``Runtime``, background tasks);
+a ``Runtime`` is one policy's state (keys, models, router). A reload builds a new Runtime and
+swaps it in one assignment: a request reads ``gateway.runtime`` once when it starts and keeps
+that snapshot, so in-flight requests finish under the policy they started with. Backend state
+(load, health, latency) carries over to the new router for backends that stay.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
 
 from gateway.auth import StaticKeys
-from gateway.config import key_hashes
-from gateway.routing.pool import PoolState
+from gateway.config import key_hashes, load_policy
+from gateway.routing.router import Router
 from gateway.upstream.base import make_upstream
+from gateway.upstream.monitors import Monitors
 
 if TYPE_CHECKING:
-    from gateway.config import Model, Policy
+    from gateway.config import ApiKey, Model, Policy
 
-__all__ = ["Runtime"]
+__all__ = ["Gateway", "Runtime"]
+
+_log = logging.getLogger("gateway.runtime")
 
 
 class Runtime:
-    """Policy, keys, pools and the upstream client of one gateway process."""
+    """Keys, models and router of one policy."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, previous: Runtime | None = None) -> None:
         self.policy = policy
         self.keys = StaticKeys(key_hashes(policy), required=policy.auth.required)
-        self.pools = {p.name: PoolState(p) for p in policy.pools}
+        self.key_configs: dict[str, ApiKey] = {k.id: k for k in policy.auth.keys}
         self.models: dict[str, Model] = {m.name: m for m in policy.models}
+        self.router: Router = Router(policy, previous.router if previous is not None else None)
+        self.timeouts = {
+            c.name: c.timeouts or policy.server.timeouts for c in policy.classes
+        }
+
+    def __repr__(self) -> str:
+        return f"<Runtime [pools: {len(self.router.pools)} | models: {len(self.models)}]>"
+
+
+class Gateway:
+    """Process-wide state: the upstream client, the current runtime, background work."""
+
+    def __init__(self, policy: Policy, source: str | None = None) -> None:
         server = policy.server
         self.upstream = make_upstream(
             server.upstream_client, server.timeouts, server.keepalive_per_backend
         )
+        self.runtime = Runtime(policy)
+        self.source = source  # the policy path, for reloads
         self.draining = False
+        self.reloads = 0
+        self.shadow_tasks: set[asyncio.Task[Any]] = set()  # background tasks kept referenced
+        self._monitors: Monitors | None = None
+        self._reload_lock = asyncio.Lock()
 
     async def start(self) -> None:
         await self.upstream.start()
+        self._monitors = Monitors(list(self.runtime.router.pools.values()), self.upstream)
+        self._monitors.start()
 
     async def close(self) -> None:
+        if self._monitors is not None:
+            await self._monitors.stop()
+        for task in list(self.shadow_tasks):
+            task.cancel()
         await self.upstream.close()
 
+    async def reload(self, policy: Policy | None = None) -> Runtime:
+        """Swap in a new policy (re-read from ``source`` when none is given).
+
+        Raises ``PolicyError`` and keeps the old runtime when the new policy is invalid.
+        """
+        async with self._reload_lock:
+            if policy is None:
+                if self.source is None:
+                    raise RuntimeError("no policy source to reload from")
+                policy = load_policy(self.source)
+            runtime = Runtime(policy, self.runtime)
+            monitors = Monitors(list(runtime.router.pools.values()), self.upstream)
+            old = self._monitors
+            self.runtime = runtime  # the atomic swap
+            self._monitors = monitors
+            monitors.start()
+            if old is not None:
+                await old.stop()
+            self.reloads += 1
+            _log.info("policy reloaded (%d pools, %d models)", len(runtime.router.pools),
+                      len(runtime.models))
+            return runtime
+
     def __repr__(self) -> str:
-        return f"<Runtime [pools: {len(self.pools)} | models: {len(self.models)}]>"
+        return f"<Gateway {self.runtime!r} [reloads: {self.reloads} | draining: {self.draining}]>"

@@ -26,7 +26,7 @@ def gateway(
     once with each upstream client."""
     tmp: Path = tmp_path_factory.mktemp("gateway")
     data = policy({"chat": [sim.url]}, max_body_bytes=64 * 1024, upstream_client=request.param)
-    data["server"]["timeouts"] = {"first_byte": 2.0}
+    data["server"]["timeouts"] = {"first_token": 2.0}
     with GatewayProcess(tmp, data) as gw:
         yield gw
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway.api.errors import BodyTooLarge, GatewayError, InvalidRequest
+from gateway.errors import BodyTooLarge, GatewayError, InvalidRequest
 
 if TYPE_CHECKING:
     from gateway.types import RawHeaders, Receive, Scope, Send

@@ -9,12 +9,12 @@ from urllib.parse import unquote
 import msgspec
 
 from gateway.api.asgi import get_header, send_error, send_json
-from gateway.api.errors import AuthenticationFailed, GatewayError, MethodNotAllowed, ModelNotFound
 from gateway.api.proxy import request_id_for
 from gateway.auth import bearer_token
+from gateway.errors import AuthenticationFailed, GatewayError, MethodNotAllowed, ModelNotFound
 
 if TYPE_CHECKING:
-    from gateway.runtime import Runtime
+    from gateway.runtime import Gateway, Runtime
     from gateway.types import Receive, Scope, Send
 
 __all__ = ["ModelsHandler"]
@@ -42,13 +42,23 @@ def _model_id(scope: Scope) -> str:
 class ModelsHandler:
     """Lists models, or shows one when the route carries a ``model_id``."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        created = int(time.time())
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.created = int(time.time())
+        self._built_for: Runtime | None = None
+        self.cards: dict[str, _ModelCard] = {}
+        self.list_body = b""
+
+    def _cards(self) -> None:
+        """Rebuild the cards when the policy was reloaded."""
+        runtime = self.gateway.runtime
+        if runtime is self._built_for:
+            return
         self.cards = {
-            m.name: _ModelCard(m.name, created, m.owned_by) for m in runtime.policy.models
+            m.name: _ModelCard(m.name, self.created, m.owned_by) for m in runtime.policy.models
         }
         self.list_body = msgspec.json.encode(_ModelList(list(self.cards.values())))
+        self._built_for = runtime
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         id_header = [(b"x-request-id", request_id_for(scope).encode())]
@@ -58,7 +68,7 @@ class ModelsHandler:
                     f"method {scope['method']} is not allowed here; use GET",
                     headers={"Allow": "GET"},
                 )
-            keys = self.runtime.keys
+            keys = self.gateway.runtime.keys
             if (
                 keys.required
                 and keys.identify(bearer_token(get_header(scope, b"authorization"))) is None
@@ -66,6 +76,7 @@ class ModelsHandler:
                 raise AuthenticationFailed(
                     "Invalid API key. Pass a valid key as 'Authorization: Bearer <key>'."
                 )
+            self._cards()
             model_id = _model_id(scope)
             if not model_id:
                 await send_json(send, 200, self.list_body, id_header)

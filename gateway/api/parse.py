@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.api.errors import InvalidRequest
+from gateway.errors import InvalidRequest
 
 __all__ = ["ENDPOINTS", "Endpoint", "ParsedRequest", "parse_request"]
 

@@ -13,34 +13,36 @@ import itertools
 import logging
 import os
 import re
+import time
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from gateway.api.asgi import ClientGone, get_header, read_body, send_error
-from gateway.api.errors import (
+from gateway.api.parse import parse_request
+from gateway.api.relay import relay_response
+from gateway.api.shadow import start_shadow
+from gateway.auth import bearer_token
+from gateway.context import RequestContext
+from gateway.errors import (
     AuthenticationFailed,
     GatewayError,
     InternalError,
     MethodNotAllowed,
     ModelNotFound,
-    NoBackendAvailable,
     ServerShuttingDown,
 )
-from gateway.api.parse import parse_request
-from gateway.api.relay import relay_response
-from gateway.api.upstream_errors import as_gateway_error
-from gateway.auth import bearer_token
-from gateway.context import RequestContext
-from gateway.routing.pool import pick_backend
-from gateway.upstream.errors import UpstreamError
+from gateway.routing.classes import resolve_class
+from gateway.upstream.forward import forward
 from gateway.upstream.headers import request_headers
 
 if TYPE_CHECKING:
     from gateway.api.parse import Endpoint, ParsedRequest
-    from gateway.routing.pool import BackendState
-    from gateway.runtime import Runtime
+    from gateway.config import Model
+    from gateway.routing.router import Router
+    from gateway.runtime import Gateway, Runtime
     from gateway.types import Message, RawHeaders, Receive, Scope, Send
+    from gateway.upstream.forward import Forwarded
 
 __all__ = ["ProxyHandler", "request_id_for"]
 
@@ -107,28 +109,28 @@ class _Watch:
 class ProxyHandler:
     """ASGI handler for one OpenAI endpoint."""
 
-    def __init__(self, runtime: Runtime, endpoint: Endpoint) -> None:
-        self.runtime = runtime
+    def __init__(self, gateway: Gateway, endpoint: Endpoint) -> None:
+        self.gateway = gateway
         self.endpoint = endpoint
-        self.max_body = runtime.policy.server.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = RequestContext(request_id_for(scope), self.endpoint.path)
         id_header: RawHeaders = [(b"x-request-id", ctx.request_id.encode())]
         watch: _Watch | None = None
+        runtime = self.gateway.runtime  # this request's policy snapshot, whatever reloads happen
         try:
             if scope["method"] != "POST":
                 raise MethodNotAllowed(
                     f"method {scope['method']} is not allowed on {self.endpoint.path}; use POST",
                     headers={"Allow": "POST"},
                 )
-            if self.runtime.draining:
+            if self.gateway.draining:
                 raise ServerShuttingDown("the gateway is shutting down; retry on another replica")
-            self._authenticate(scope, ctx)
-            body = await read_body(scope, receive, self.max_body)
+            self._authenticate(runtime, scope, ctx)
+            body = await read_body(scope, receive, runtime.policy.server.max_body_bytes)
             parsed = parse_request(body, self.endpoint)
             watch = _Watch(receive, asyncio.get_running_loop())
-            await self._forward(scope, ctx, parsed, body, send, id_header)
+            await self._proxy(runtime, scope, ctx, parsed, body, send, id_header)
         except GatewayError as exc:
             ctx.outcome, ctx.status, ctx.error = "rejected", exc.status, exc.message
             if not ctx.response_started:
@@ -148,8 +150,8 @@ class ProxyHandler:
             if watch is not None:
                 watch.stop()
 
-    def _authenticate(self, scope: Scope, ctx: RequestContext) -> None:
-        keys = self.runtime.keys
+    def _authenticate(self, runtime: Runtime, scope: Scope, ctx: RequestContext) -> None:
+        keys = runtime.keys
         key_id = keys.identify(bearer_token(get_header(scope, b"authorization")))
         if key_id is None and keys.required:
             raise AuthenticationFailed(
@@ -157,39 +159,39 @@ class ProxyHandler:
             )
         ctx.key_id = key_id
 
-    def _pick(self, parsed: ParsedRequest, ctx: RequestContext) -> BackendState:
-        model = self.runtime.models.get(parsed.model)
+    async def _proxy(
+        self,
+        runtime: Runtime,
+        scope: Scope,
+        ctx: RequestContext,
+        parsed: ParsedRequest,
+        body: bytes,
+        send: Send,
+        extra: RawHeaders,
+    ) -> None:
+        """Classify, route, forward (with retries), relay; release the backend on every path."""
+        model = runtime.models.get(parsed.model)
         if model is None:
             raise ModelNotFound(
                 f"The model '{parsed.model}' does not exist or you do not have access to it.",
                 param="model",
             )
         ctx.request_model = parsed.model
-        ctx.upstream_model = model.upstream_name
         ctx.stream = parsed.stream
-        pool = self.runtime.pools[model.pool]
-        ctx.pool = pool.name
-        backend = pick_backend(pool.backends)
-        if backend is None:
-            raise NoBackendAvailable(
-                f"every backend of pool '{pool.name}' is at capacity; retry later",
-                headers={"Retry-After": "1"},
-            )
-        ctx.backend = backend.label
-        return backend
-
-    async def _forward(
-        self,
-        scope: Scope,
-        ctx: RequestContext,
-        parsed: ParsedRequest,
-        body: bytes,
-        send: Send,
-        id_header: RawHeaders,
-    ) -> None:
-        backend = self._pick(parsed, ctx)
-        if ctx.upstream_model != parsed.model:
-            parsed.payload["model"] = ctx.upstream_model
+        key = runtime.key_configs.get(ctx.key_id) if ctx.key_id else None
+        header = get_header(scope, b"x-request-class")
+        router = runtime.router
+        class_name = resolve_class(
+            runtime.policy.routing, router.classes,
+            header.decode("latin-1") if header else None, key, parsed.model,
+            self.endpoint.path, parsed.payload, parsed.stream,
+        )
+        route = router.route(model, class_name, _sticky_key(model.sticky, ctx, parsed),
+                             _affinity_key(parsed) if _wants_affinity(router, model) else None)
+        ctx.request_class, ctx.version = class_name, route.version
+        ctx.upstream_model = route.upstream_model
+        if route.upstream_model != parsed.model:
+            parsed.payload["model"] = route.upstream_model
             body = _encoder.encode(parsed.payload)
         headers = request_headers(scope["headers"])
         headers += (
@@ -197,20 +199,58 @@ class ProxyHandler:
             (b"accept-encoding", b"identity"),
             (b"x-request-id", ctx.request_id.encode()),
         )
-        if backend.auth_header:
-            headers.append((b"authorization", backend.auth_header))
-        backend.acquire()
-        ctx.attempts += 1
+        if model.shadow is not None:
+            start_shadow(self.gateway, runtime, model.shadow, self.endpoint.path, parsed,
+                         headers)
+        extra.append((b"x-gateway-class", class_name.encode()))
+        timeouts = runtime.timeouts[class_name]
+        forwarded = await forward(router, self.gateway.upstream, route, ctx, self.endpoint.path,
+                                  body, headers, timeouts)
+        extra.append((b"x-gateway-pool", forwarded.pool.name.encode()))
         try:
-            try:
-                response = await self.runtime.upstream.post(
-                    backend.urls[self.endpoint.path], body, headers
-                )
-            except UpstreamError as exc:
-                raise as_gateway_error(exc, backend.label) from exc
-            try:
-                await relay_response(response, ctx, send, id_header)
-            finally:
-                response.close()
+            await relay_response(forwarded, ctx, send, extra)
         finally:
-            backend.release()
+            forwarded.response.close()
+            _settle_backend(forwarded, ctx)
+            forwarded.pool.release(forwarded.backend)
+
+
+def _settle_backend(forwarded: Forwarded, ctx: RequestContext) -> None:
+    """Feed the outcome to the backend's health and latency averages."""
+    backend = forwarded.backend
+    if ctx.outcome == "completed":
+        backend.on_success()
+    elif ctx.outcome == "failed":
+        backend.on_failure(forwarded.pool.config.health, time.monotonic())
+    if forwarded.first_chunk_ns is not None:
+        ttft = (forwarded.first_chunk_ns - forwarded.sent_ns) / 1e9
+        tpot = None
+        if ctx.output_chunks > 1 and ctx.last_chunk_ns is not None:
+            tpot = (ctx.last_chunk_ns - forwarded.first_chunk_ns) / 1e9 / (ctx.output_chunks - 1)
+        backend.observe(ttft, tpot)
+        forwarded.pool.observe_ttft(ttft)
+
+
+def _wants_affinity(router: Router, model: Model) -> bool:
+    return router.pools[model.pool].config.affinity is not None or any(
+        router.pools[p].config.affinity is not None for p in model.pools.values()
+    )
+
+
+def _affinity_key(parsed: ParsedRequest) -> bytes | None:
+    """A conversation's identity: its ``user``, else a hash of its first messages."""
+    user = parsed.payload.get("user")
+    if isinstance(user, str) and user:
+        return b"u:" + user.encode()
+    messages = parsed.payload.get("messages")
+    if isinstance(messages, list) and messages:
+        return b"m:" + _encoder.encode(messages[:2])
+    return None
+
+
+def _sticky_key(mode: str, ctx: RequestContext, parsed: ParsedRequest) -> bytes | None:
+    if mode == "key":
+        return (ctx.key_id or "").encode()
+    if mode == "conversation":
+        return _affinity_key(parsed)
+    return None

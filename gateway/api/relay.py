@@ -10,14 +10,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from gateway.api.errors import BackendFailure, error_body
-from gateway.api.upstream_errors import as_gateway_error
+from gateway.errors import BackendFailure, error_body
 from gateway.upstream.errors import UpstreamError
+from gateway.upstream.translate import as_gateway_error
 
 if TYPE_CHECKING:
     from gateway.context import RequestContext
     from gateway.types import RawHeaders, Send
-    from gateway.upstream.base import UpstreamResponse
+    from gateway.upstream.forward import Forwarded
 
 __all__ = ["relay_response"]
 
@@ -25,12 +25,13 @@ _EXCERPT = 300
 
 
 async def relay_response(
-    response: UpstreamResponse, ctx: RequestContext, send: Send, extra: RawHeaders
+    forwarded: Forwarded, ctx: RequestContext, send: Send, extra: RawHeaders
 ) -> None:
     """Send the backend's answer to the client; raises GatewayError before the first byte only."""
+    response = forwarded.response
     status = response.status
     ctx.status = status
-    if status >= 500:
+    if status >= 500:  # not retryable (e.g. 501): report it as a backend failure
         try:
             text = (await response.read())[:_EXCERPT].decode("utf-8", "replace")
         except UpstreamError:
@@ -45,17 +46,24 @@ async def relay_response(
         headers.append((b"content-length", str(len(body)).encode()))
         ctx.response_started = True
         await send({"type": "http.response.start", "status": status, "headers": headers})
-        ctx.first_byte_ns = time.perf_counter_ns()
+        ctx.first_token_ns = time.perf_counter_ns()
         await send({"type": "http.response.body", "body": body, "more_body": False})
         ctx.finished_ns = time.perf_counter_ns()
         ctx.outcome = "completed"
         return
     ctx.response_started = True
     await send({"type": "http.response.start", "status": status, "headers": headers})
+    chunks = 0
     try:
+        if forwarded.first_chunk is not None:
+            ctx.first_token_ns = time.perf_counter_ns()
+            await send({"type": "http.response.body", "body": forwarded.first_chunk,
+                        "more_body": True})
+            chunks = 1
         async for chunk in response.chunks():
-            if ctx.first_byte_ns is None:
-                ctx.first_byte_ns = time.perf_counter_ns()
+            if ctx.first_token_ns is None:
+                ctx.first_token_ns = time.perf_counter_ns()
+            chunks += 1
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except UpstreamError as exc:
         ctx.outcome, ctx.error = "failed", str(exc)
@@ -63,13 +71,13 @@ async def relay_response(
             err = as_gateway_error(exc, ctx.backend or "?")
             payload = error_body(err.message, err.type, None, err.error_code)
             await send(
-                {
-                    "type": "http.response.body",
-                    "body": b"data: " + payload + b"\n\n",
-                    "more_body": True,
-                }
+                {"type": "http.response.body", "body": b"data: " + payload + b"\n\n",
+                 "more_body": True}
             )
     else:
         ctx.outcome = "completed"
+    finally:
+        ctx.output_chunks = chunks
+        ctx.last_chunk_ns = time.perf_counter_ns()
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     ctx.finished_ns = time.perf_counter_ns()

@@ -133,11 +133,48 @@ def validate(policy: Policy, source: str = "<policy>") -> None:
                 raise PolicyError(
                     source, f"$.pools[{i}].backends[{j}]", f"duplicate backend {label!r}"
                 )
+    _validate_routing(policy, source, pools)
     for i, key in enumerate(policy.auth.keys):
         if (key.sha256 is None) == (key.key_env is None):
             raise PolicyError(source, f"$.auth.keys[{i}]", "give exactly one of sha256 or key_env")
     if policy.auth.required and not policy.auth.keys:
         raise PolicyError(source, "$.auth.keys", "auth.required is true but no key is configured")
+
+
+def _validate_routing(policy: Policy, source: str, pools: set[str]) -> None:
+    """Classes, pools and rollouts must name things that exist."""
+    _unique([c.name for c in policy.classes], source, "classes")
+    classes = {c.name for c in policy.classes}
+    known = ", ".join(sorted(classes))
+
+    def need_class(name: str | None, field: str) -> None:
+        if name is not None and name not in classes:
+            raise PolicyError(source, field, f"unknown class {name!r} (classes: {known})")
+
+    def need_pool(name: str | None, field: str) -> None:
+        if name is not None and name not in pools:
+            raise PolicyError(source, field, f"unknown pool {name!r}")
+
+    need_class(policy.routing.default_class, "$.routing.default_class")
+    for i, rule in enumerate(policy.routing.rules):
+        need_class(rule.request_class, f"$.routing.rules[{i}].class")
+    for i, pool in enumerate(policy.pools):
+        need_class(pool.request_class, f"$.pools[{i}].class")
+        need_pool(pool.fallback, f"$.pools[{i}].fallback")
+        if pool.fallback == pool.name:
+            raise PolicyError(source, f"$.pools[{i}].fallback", "a pool cannot fall back to itself")
+    for i, key in enumerate(policy.auth.keys):
+        need_class(key.default_class, f"$.auth.keys[{i}].default_class")
+    for i, model in enumerate(policy.models):
+        for cls, pool_name in model.pools.items():
+            need_class(cls, f"$.models[{i}].pools.{cls}")
+            need_pool(pool_name, f"$.models[{i}].pools.{cls}")
+        for j, version in enumerate(model.versions):
+            need_pool(version.pool, f"$.models[{i}].versions[{j}].pool")
+        if model.versions and not any(v.weight > 0 for v in model.versions):
+            raise PolicyError(source, f"$.models[{i}].versions", "at least one weight must be > 0")
+        if model.shadow is not None:
+            need_pool(model.shadow.pool, f"$.models[{i}].shadow.pool")
 
 
 def key_hashes(policy: Policy) -> dict[str, str]:

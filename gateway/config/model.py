@@ -12,14 +12,24 @@ from typing import Annotated, Literal
 import msgspec
 
 __all__ = [
+    "Affinity",
     "ApiKey",
     "Auth",
     "Backend",
+    "Borrow",
+    "Health",
     "Model",
     "Policy",
     "Pool",
+    "RequestClass",
+    "Retry",
+    "RouteRule",
+    "Routing",
     "Server",
+    "Shadow",
+    "Signals",
     "Timeouts",
+    "Version",
 ]
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/@-]+$")]
@@ -46,38 +56,182 @@ class Backend(_Base, frozen=True):
         return self.name or self.url
 
 
+class Health(_Base, frozen=True):
+    """Active checks and passive outlier ejection of a pool's backends."""
+
+    #: path probed with GET every ``interval`` s (e.g. /health); None = passive ejection only
+    path: str | None = None
+    interval: PositiveFloat = 5.0
+    timeout: PositiveFloat = 2.0
+    #: consecutive failures (errors, timeouts, 5xx) that eject a backend
+    eject_after: PositiveInt = 3
+    #: first ejection lasts this long; each re-ejection doubles it up to ``eject_max``
+    eject_base: PositiveFloat = 5.0
+    eject_max: PositiveFloat = 300.0
+    #: below this share of healthy backends the pool ignores ejections (never ejects itself empty)
+    panic_threshold: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
+
+
+class Borrow(_Base, frozen=True):
+    """Lets requests of other classes use this pool while it has headroom."""
+
+    #: borrowers may use the pool only while its in-flight is below this share of its capacity
+    max_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.5
+    #: ... and its recent TTFT p90 is below this many seconds
+    ttft_p90_target: PositiveFloat = 0.5
+
+
+class Signals(_Base, frozen=True):
+    """Scrape vLLM/SGLang-style engine metrics to steer backend choice."""
+
+    path: str = "/metrics"
+    interval: PositiveFloat = 1.0
+    timeout: PositiveFloat = 1.0
+
+
+class Affinity(_Base, frozen=True):
+    """Send a conversation back to the backend holding its prefix cache, within a load bound."""
+
+    #: a backend may take an affine request while its load is below this x the pool's mean
+    bounded_load: Annotated[float, msgspec.Meta(ge=1)] = 1.25
+    #: how many leading messages identify a conversation
+    prefix_messages: PositiveInt = 2
+
+
 class Pool(_Base, frozen=True):
     """A set of backends serving one request class."""
 
     name: Name
     backends: Annotated[list[Backend], msgspec.Meta(min_length=1)]
     request_class: Name = msgspec.field(name="class", default="interactive")
+    #: least outstanding requests (power of two choices, weighted, latency-penalised) or plain
+    #: round robin
+    strategy: Literal["least_loaded", "round_robin"] = "least_loaded"
+    #: a pool tried when every backend of this one failed the request
+    fallback: Name | None = None
+    #: requests waiting for a free backend, at most
+    queue_size: Annotated[int, msgspec.Meta(ge=0)] = 1024
+    #: lets other classes borrow this pool while it has headroom (set on interactive pools)
+    borrow: Borrow | None = None
+    health: Health = msgspec.field(default_factory=Health)
+    signals: Signals | None = None
+    affinity: Affinity | None = None
+
+
+class Version(_Base, frozen=True):
+    """One backend version of a public model, for weighted rollouts (e.g. 95/5 canaries)."""
+
+    backend_model: str
+    weight: Annotated[float, msgspec.Meta(ge=0)]
+    #: serve this version from another pool (its own backends); default: the model's pool
+    pool: Name | None = None
+    name: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.backend_model
+
+
+class Shadow(_Base, frozen=True):
+    """Mirror a share of requests to a shadow pool; responses are discarded, never billed."""
+
+    pool: Name
+    share: Annotated[float, msgspec.Meta(ge=0, le=1)]
+    backend_model: str | None = None
+    #: shadow requests in flight at most; beyond, mirroring is skipped (never queued)
+    max_in_flight: PositiveInt = 64
 
 
 class Model(_Base, frozen=True):
-    """A public model name clients ask for, mapped to a pool and the name the backend knows."""
+    """A public model name clients ask for, mapped to pools and the name the backend knows."""
 
     name: Name
+    #: the pool for classes without an entry in ``pools``
     pool: Name
+    #: request class -> pool, e.g. {interactive: chat-h100, batch: bulk-h100}
+    pools: dict[str, Name] = msgspec.field(default_factory=dict)
     #: the model name sent to the backend; defaults to the public name
     backend_model: str | None = None
     owned_by: str = "gateway"
+    #: weighted backend versions; when set, each request picks one by weight
+    versions: list[Version] = msgspec.field(default_factory=list)
+    #: keep a caller on one version: per API key, per conversation, or not at all
+    sticky: Literal["none", "key", "conversation"] = "none"
+    shadow: Shadow | None = None
 
     @property
     def upstream_name(self) -> str:
         return self.backend_model or self.name
+
+    def pool_for(self, request_class: str) -> str:
+        return self.pools.get(request_class, self.pool)
 
 
 class Timeouts(_Base, frozen=True):
     """Upstream timeouts, in seconds."""
 
     connect: PositiveFloat = 5.0
-    #: until the backend's response headers (for streams: headers, not the first token)
-    first_byte: PositiveFloat = 120.0
+    #: until the first token: the response headers, and for a stream its first chunk
+    first_token: PositiveFloat = 120.0
     #: the longest silence allowed between two chunks of a response
     idle: PositiveFloat = 120.0
     #: the whole request
     total: PositiveFloat = 900.0
+
+
+class RequestClass(_Base, frozen=True):
+    """A class of requests with its priority, deadlines and timeouts."""
+
+    name: Name
+    #: lower is served first from a pool's queue
+    priority: int = 0
+    #: a request that cannot start (get a backend) within this many seconds is refused at once
+    start_deadline: PositiveFloat = 10.0
+    #: per-class upstream timeouts (default: ``server.timeouts``)
+    timeouts: Timeouts | None = None
+
+
+DEFAULT_CLASSES = [
+    RequestClass(name="interactive", priority=0, start_deadline=5.0),
+    RequestClass(name="batch", priority=10, start_deadline=600.0),
+]
+
+
+class RouteRule(_Base, frozen=True):
+    """Sets the class of matching requests; every given condition must hold."""
+
+    request_class: Name = msgspec.field(name="class")
+    models: list[str] | None = None
+    endpoints: list[str] | None = None
+    stream: bool | None = None
+    #: matches when the request's max_tokens (or max_completion_tokens) is at least this
+    min_max_tokens: PositiveInt | None = None
+    #: fnmatch-style pattern on the request's ``user`` field
+    user: str | None = None
+
+
+class Retry(_Base, frozen=True):
+    """Retries on another backend (then the fallback pool) before the first byte is relayed."""
+
+    max_attempts: PositiveInt = 3
+    backoff_base: PositiveFloat = 0.025
+    backoff_max: PositiveFloat = 1.0
+    #: retries may be at most this share of recent requests ...
+    budget_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.2
+    #: ... plus this many per second, so light traffic can always retry
+    budget_min_per_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
+    #: the window of "recent", in seconds
+    budget_window: PositiveFloat = 10.0
+
+
+class Routing(_Base, frozen=True):
+    """How a request's class is chosen, and how failures are retried."""
+
+    default_class: Name = "interactive"
+    #: honour the X-Request-Class header from every key (keys may opt in one by one)
+    class_header: bool = False
+    rules: list[RouteRule] = msgspec.field(default_factory=list)
+    retry: Retry = msgspec.field(default_factory=Retry)
 
 
 class Server(_Base, frozen=True):
@@ -101,6 +255,10 @@ class ApiKey(_Base, frozen=True):
     id: Name
     sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")] | None = None
     key_env: str | None = None
+    #: the class of this key's requests unless a header or rule says otherwise
+    default_class: Name | None = None
+    #: may this key choose its class with the X-Request-Class header
+    allow_class_header: bool = False
 
 
 class Auth(_Base, frozen=True):
@@ -117,5 +275,7 @@ class Policy(_Base, frozen=True):
     version: Literal[1] = 1
     server: Server = msgspec.field(default_factory=Server)
     auth: Auth = msgspec.field(default_factory=Auth)
+    classes: list[RequestClass] = msgspec.field(default_factory=lambda: list(DEFAULT_CLASSES))
+    routing: Routing = msgspec.field(default_factory=Routing)
     pools: list[Pool] = msgspec.field(default_factory=list)
     models: list[Model] = msgspec.field(default_factory=list)

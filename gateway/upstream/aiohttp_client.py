@@ -58,6 +58,21 @@ class AiohttpResponse:
         """Relay chunk by chunk: an event stream, or a body of unknown length."""
         return self.is_event_stream or self._resp.content_length is None
 
+    async def next_chunk(self, timeout: float | None = None) -> bytes | None:
+        """The next body part, None at the end; waits at most ``timeout`` (default: idle)."""
+        try:
+            async with asyncio.timeout(self._idle if timeout is None else timeout):
+                part = await self._resp.content.readany()
+        except TimeoutError as exc:
+            raise UpstreamIdleTimeout(f"backend went silent for {timeout or self._idle}s") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamProtocolError(f"backend connection broke: {exc!r}") from exc
+        if part:
+            return part
+        if not self._resp.content.is_eof():
+            raise UpstreamProtocolError("backend stream ended early")
+        return None
+
     async def read(self) -> bytes:
         """The whole body (non-streaming responses)."""
         try:
@@ -124,17 +139,20 @@ class AiohttpUpstream:
             await self._session.close()
             self._session = None
 
-    async def post(self, url: str, body: bytes, headers: RawHeaders) -> AiohttpResponse:
+    async def post(
+        self, url: str, body: bytes, headers: RawHeaders, timeouts: Timeouts | None = None
+    ) -> AiohttpResponse:
         """Send a POST and wait for the response headers.
 
         Connect errors are :class:`UpstreamConnectError` (safe to retry: nothing was sent);
-        a missing response within ``timeouts.first_byte`` is :class:`UpstreamFirstByteTimeout`.
+        a missing response within ``timeouts.first_token`` is :class:`UpstreamFirstByteTimeout`.
         """
         session = self._session
         if session is None:
             raise UpstreamConnectError("upstream client is not started")
+        t = timeouts or self._timeouts
         try:
-            async with asyncio.timeout(self._timeouts.first_byte):
+            async with asyncio.timeout(t.first_token):
                 resp = await session.post(
                     url, data=body, headers=[(k.decode("latin-1"), v.decode("latin-1"))
                                              for k, v in headers]
@@ -143,7 +161,7 @@ class AiohttpUpstream:
             raise UpstreamConnectTimeout(f"connecting to backend timed out: {exc}") from exc
         except TimeoutError as exc:  # our deadline, or aiohttp's sock_read before the headers
             raise UpstreamFirstByteTimeout(
-                f"no response from backend within {self._timeouts.first_byte}s"
+                f"no response from backend within {t.first_token}s"
             ) from exc
         except aiohttp.ClientConnectorError as exc:
             # the errno's text only: the OS error's own message names the internal address
@@ -152,16 +170,15 @@ class AiohttpUpstream:
             raise UpstreamConnectError(f"cannot connect to backend: {reason}") from exc
         except aiohttp.ClientError as exc:
             raise UpstreamProtocolError(f"backend request failed: {exc!r}") from exc
-        return AiohttpResponse(resp, self._timeouts.idle)
+        return AiohttpResponse(resp, t.idle)
 
-    async def get(self, url: str, timeout: float) -> int:
-        """A low-rate GET (health checks): the status, or raises UpstreamError."""
+    async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
+        """A low-rate GET (health checks, engine metrics): status and body, or UpstreamError."""
         session = self._session
         if session is None:
             raise UpstreamConnectError("upstream client is not started")
         try:
             async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                await resp.read()
-                return resp.status
+                return resp.status, await resp.read()
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise UpstreamError(f"GET {url} failed: {exc!r}") from exc

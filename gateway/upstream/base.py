@@ -34,6 +34,9 @@ class UpstreamResponse(Protocol):
     def is_stream(self) -> bool:
         """Relay chunk by chunk: an event stream, or a body of unknown length."""
 
+    async def next_chunk(self, timeout: float | None = None) -> bytes | None:
+        """The next body part (None at the end), waiting at most ``timeout`` s (default idle)."""
+
     async def read(self) -> bytes: ...
 
     def chunks(self) -> AsyncIterator[bytes]: ...
@@ -48,9 +51,11 @@ class UpstreamClient(Protocol):
 
     async def close(self) -> None: ...
 
-    async def post(self, url: str, body: bytes, headers: RawHeaders) -> UpstreamResponse: ...
+    async def post(
+        self, url: str, body: bytes, headers: RawHeaders, timeouts: Timeouts | None = None
+    ) -> UpstreamResponse: ...
 
-    async def get(self, url: str, timeout: float) -> int: ...
+    async def get(self, url: str, timeout: float) -> tuple[int, bytes]: ...
 
 
 def make_upstream(kind: str, timeouts: Timeouts, keepalive_per_backend: int) -> UpstreamClient:

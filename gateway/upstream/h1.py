@@ -273,8 +273,12 @@ class H1Response:
         )
         self.is_stream = self.is_event_stream or not length
 
-    async def _next(self) -> bytes | None:
-        """The next body part, None at the end; waits at most the idle timeout."""
+    async def next_chunk(self, timeout: float | None = None) -> bytes | None:
+        """The next body part, None at the end; waits at most ``timeout`` (default: idle)."""
+        return await self._next(self._idle if timeout is None else timeout)
+
+    async def _next(self, idle: float) -> bytes | None:
+        """The next body part, None at the end; waits at most ``idle`` seconds."""
         ex = self._ex
         while True:
             if ex.parts:
@@ -286,7 +290,7 @@ class H1Response:
             if ex.complete:
                 return None
             now = time.monotonic()
-            wait = min(self._idle, ex.deadline - now)
+            wait = min(idle, ex.deadline - now)
             if wait <= 0:
                 raise UpstreamTotalTimeout("the request's total time ran out")
             loop = asyncio.get_running_loop()
@@ -299,7 +303,7 @@ class H1Response:
                     raise
                 if time.monotonic() >= ex.deadline:
                     raise UpstreamTotalTimeout("the request's total time ran out") from None
-                raise UpstreamIdleTimeout(f"backend went silent for {self._idle}s") from None
+                raise UpstreamIdleTimeout(f"backend went silent for {idle:g}s") from None
             finally:
                 timer.cancel()
                 ex.waiter = None
@@ -307,13 +311,13 @@ class H1Response:
     async def read(self) -> bytes:
         """The whole body (non-streaming responses)."""
         parts = []
-        while (part := await self._next()) is not None:
+        while (part := await self._next(self._idle)) is not None:
             parts.append(part)
         return b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive (chunked framing already removed)."""
-        while (part := await self._next()) is not None:
+        while (part := await self._next(self._idle)) is not None:
             yield part
 
     def close(self) -> None:
@@ -369,16 +373,18 @@ class H1Upstream:
         target = self._targets[key] = _Target(pool, head)
         return target
 
-    async def post(self, url: str, body: bytes, headers: RawHeaders) -> H1Response:
+    async def post(
+        self, url: str, body: bytes, headers: RawHeaders, timeouts: Timeouts | None = None
+    ) -> H1Response:
         """Send a POST and wait for the response headers.
 
         Connect errors are :class:`UpstreamConnectError` (safe to retry: nothing was sent);
-        no response headers within ``timeouts.first_byte`` is :class:`UpstreamFirstByteTimeout`.
+        no response headers within ``timeouts.first_token`` is :class:`UpstreamFirstByteTimeout`.
         """
-        return await self._request(b"POST", url, body, headers)
+        return await self._request(b"POST", url, body, headers, timeouts or self._timeouts)
 
     async def _request(
-        self, method: bytes, url: str, body: bytes, headers: RawHeaders
+        self, method: bytes, url: str, body: bytes, headers: RawHeaders, t: Timeouts
     ) -> H1Response:
         target = self._target(method, url)
         lines = [target.head, b"content-length: ", str(len(body)).encode(), b"\r\n"]
@@ -387,14 +393,13 @@ class H1Upstream:
         lines += (b"\r\n", body)
         data = b"".join(lines)
         loop = asyncio.get_running_loop()
-        t = self._timeouts
         deadline = time.monotonic() + t.total
         pool = target.pool
         for attempt in (0, 1):
             conn = pool.take_idle() or await pool.connect(t.connect)
             ex = _Exchange(loop, deadline)
             conn.send(data, ex)
-            timer = loop.call_later(min(t.first_byte, t.total), ex.headers_done.cancel)
+            timer = loop.call_later(min(t.first_token, t.total), ex.headers_done.cancel)
             try:
                 await ex.headers_done
             except asyncio.CancelledError:
@@ -402,7 +407,7 @@ class H1Upstream:
                 conn.close()
                 if ex.headers_done.cancelled() and not asyncio.current_task().cancelling():  # type: ignore[union-attr]
                     raise UpstreamFirstByteTimeout(
-                        f"no response from backend within {t.first_byte}s"
+                        f"no response from backend within {t.first_token}s"
                     ) from None
                 raise
             except UpstreamProtocolError:
@@ -416,15 +421,18 @@ class H1Upstream:
             return H1Response(conn, ex, t.idle)
         raise AssertionError("unreachable")
 
-    async def get(self, url: str, timeout: float) -> int:
-        """A low-rate GET (health checks): the status, or raises UpstreamError."""
-        async with asyncio.timeout(timeout):
-            response = await self._request(b"GET", url, b"", [])
-            try:
-                await response.read()
-            finally:
-                response.close()
-        return response.status
+    async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
+        """A low-rate GET (health checks, engine metrics): status and body, or UpstreamError."""
+        try:
+            async with asyncio.timeout(timeout):
+                response = await self._request(b"GET", url, b"", [], self._timeouts)
+                try:
+                    body = await response.read()
+                finally:
+                    response.close()
+        except TimeoutError as exc:
+            raise UpstreamFirstByteTimeout(f"GET timed out after {timeout}s") from exc
+        return response.status, body
 
     def __repr__(self) -> str:
         return f"<H1Upstream {list(self._pools.values())!r}>"

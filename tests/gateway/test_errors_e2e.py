@@ -161,13 +161,20 @@ def test_backend_failure_502(gateway: GatewayProcess) -> None:
 
 def test_backend_rate_limit_relayed(gateway: GatewayProcess) -> None:
     """A backend's 429 and its Retry-After reach the client."""
-    r = _post(gateway, headers={"x-sim-retry-after": "7"})
+    r = _post(gateway, headers={"x-sim-retry-after": "1"})
     assert r.status_code == 429
-    assert r.headers["retry-after"] == "7"
+    assert r.headers["retry-after"] == "1"
+    # the backend asked for a second: until then the gateway answers 429 itself, at once
+    t0 = time.monotonic()
+    r = _post(gateway)
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    assert time.monotonic() - t0 < 0.5
+    time.sleep(1.1)
+    assert _post(gateway).status_code == 200
 
 
 def test_upstream_timeout_504(gateway: GatewayProcess) -> None:
-    """The fixture's first_byte timeout is 2 s; the backend waits 4 s before answering."""
+    """The fixture's first_token timeout is 2 s; the backend waits 4 s before answering."""
     t0 = time.monotonic()
     err = _error(_post(gateway, headers={"x-sim-extra-latency-ms": "4000"}), 504)
     assert err["code"] == "upstream_timeout"
@@ -183,26 +190,32 @@ def test_backend_unreachable_502(tmp_path: Path) -> None:
 
 
 def test_no_backend_available_503(tmp_path: Path) -> None:
-    """With max_in_flight 1 taken by a long stream, the next request gets 503 at once."""
+    """max_in_flight 1 held by a long stream: with no queue room the next request gets 503 at
+    once; with a queue, one that cannot start before its deadline gets 503 by the deadline."""
     with SimServer("interactive", speedup=1, jitter=0.0) as sim:
         data = policy({"chat": [sim.url]})
         data["pools"][0]["backends"][0]["max_in_flight"] = 1
-        with GatewayProcess(tmp_path, data) as gw:
-            opened = threading.Event()
+        data["classes"] = [{"name": "interactive", "start_deadline": 0.5},
+                           {"name": "batch", "priority": 10}]
+        for queue_size, max_wait in ((0, 0.3), (8, 1.0)):
+            data["pools"][0]["queue_size"] = queue_size
+            with GatewayProcess(tmp_path, data) as gw:
+                opened = threading.Event()
 
-            def hold() -> None:
-                body = {**CHAT, "max_tokens": 200, "stream": True}
-                with httpx.stream(
-                    "POST", gw.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=20
-                ) as r:
-                    for _ in r.iter_raw():
-                        opened.set()
+                def hold(url: str = gw.url, opened: threading.Event = opened) -> None:
+                    body = {**CHAT, "max_tokens": 400, "stream": True}
+                    with httpx.stream("POST", url + "/v1/chat/completions", json=body,
+                                      headers=AUTH, timeout=20) as r:
+                        for _ in r.iter_raw():
+                            opened.set()
 
-            t = threading.Thread(target=hold)
-            t.start()
-            assert opened.wait(5)
-            r = _post(gw)
-            err = _error(r, 503)
-            assert err["code"] == "no_backend_available"
-            assert r.headers["retry-after"]
-            t.join(20)
+                t = threading.Thread(target=hold)
+                t.start()
+                assert opened.wait(5)
+                t0 = time.monotonic()
+                r = _post(gw)
+                err = _error(r, 503)
+                assert time.monotonic() - t0 < max_wait
+                assert err["code"] == "no_backend_available"
+                assert int(r.headers["retry-after"]) >= 1
+                t.join(20)

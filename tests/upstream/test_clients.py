@@ -60,7 +60,7 @@ class Server:
 
 @pytest.fixture(params=["native", "aiohttp"])
 async def client(request: pytest.FixtureRequest) -> AsyncIterator[UpstreamClient]:
-    c = make_upstream(request.param, Timeouts(connect=1, first_byte=0.5, idle=0.3, total=5), 8)
+    c = make_upstream(request.param, Timeouts(connect=1, first_token=0.5, idle=0.3, total=5), 8)
     await c.start()
     yield c
     await c.close()
@@ -133,7 +133,7 @@ async def test_connect_refused(client: UpstreamClient) -> None:
         await client.post(f"http://127.0.0.1:{free_port()}/v1/x", b"{}", [])
 
 
-async def test_first_byte_timeout(client: UpstreamClient) -> None:
+async def test_first_token_timeout(client: UpstreamClient) -> None:
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await _read_request(r)
         await asyncio.sleep(2)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.api.errors import BackendFailure, GatewayError, UpstreamTimeout
+from gateway.errors import BackendFailure, GatewayError, UpstreamTimeout
 from gateway.upstream.errors import UpstreamError
 from gateway.upstream.errors import UpstreamTimeout as _UpstreamTimeout
 

@@ -1,0 +1,91 @@
+"""The admin API under ``/admin``: its own credential, disabled when none is configured.
+
+The credential is read from ``GATEWAY_ADMIN_TOKEN``; with it unset every admin route answers 404
+as if it did not exist. Every admin action is logged with its outcome.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from litestar import Request, Response, post
+
+from gateway.api.shadow import STATS as SHADOW_STATS
+from gateway.config import PolicyError
+from gateway.errors import AuthenticationFailed, RouteNotFound
+
+if TYPE_CHECKING:
+    from gateway.runtime import Gateway
+
+__all__ = ["ADMIN_TOKEN_ENV", "admin_handlers", "reload_logged"]
+
+ADMIN_TOKEN_ENV = "GATEWAY_ADMIN_TOKEN"
+_log = logging.getLogger("gateway.admin")
+
+
+async def reload_logged(gateway: Gateway, trigger: str) -> dict[str, Any]:
+    """Reload the policy; log and return what happened (an invalid file keeps the old one)."""
+    try:
+        runtime = await gateway.reload()
+    except PolicyError as exc:
+        _log.error("policy reload (%s) rejected, keeping the old policy: %s", trigger, exc)
+        return {"reloaded": False, "error": str(exc)}
+    except Exception as exc:
+        _log.exception("policy reload (%s) failed, keeping the old policy", trigger)
+        return {"reloaded": False, "error": f"{type(exc).__name__}: {exc}"}
+    _log.info("policy reloaded by %s", trigger)
+    return {
+        "reloaded": True,
+        "pools": sorted(runtime.router.pools),
+        "models": sorted(runtime.models),
+        "reloads": gateway.reloads,
+    }
+
+
+def _check_admin(request: Request[Any, Any, Any]) -> None:
+    token = os.environ.get(ADMIN_TOKEN_ENV)
+    if not token:
+        raise RouteNotFound(f"Unknown route: {request.method} {request.url.path}")
+    sent = request.headers.get("authorization", "")
+    expected = f"Bearer {token}"
+    if not hmac.compare_digest(sent.encode(), expected.encode()):
+        _log.warning("admin call to %s refused: bad credential", request.url.path)
+        raise AuthenticationFailed("Invalid admin credential.")
+
+
+def admin_handlers(gateway: Gateway) -> list[Any]:
+    """Route handlers of the admin API, bound to one gateway."""
+
+    @post("/admin/reload", status_code=200)
+    async def reload(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
+        _check_admin(request)
+        result = await reload_logged(gateway, "POST /admin/reload")
+        return Response(result, status_code=200 if result["reloaded"] else 422)
+
+    @post("/admin/stats", status_code=200)
+    async def stats(request: Request[Any, Any, Any]) -> dict[str, Any]:
+        _check_admin(request)
+        router = gateway.runtime.router
+        return {
+            "pools": {
+                name: {
+                    "in_flight": pool.in_flight,
+                    "queued": pool.queued,
+                    "backends": {
+                        b.label: {"in_flight": b.in_flight, "ejected": bool(b.ejected_until),
+                                  "ttft_ewma": b.ttft_ewma, "tpot_ewma": b.tpot_ewma}
+                        for b in pool.backends
+                    },
+                }
+                for name, pool in router.pools.items()
+            },
+            "retries_in_window": router.budget.retries,
+            "shadow": {"started": SHADOW_STATS.started, "skipped": SHADOW_STATS.skipped,
+                       "by_status": SHADOW_STATS.by_status, "errors": SHADOW_STATS.errors},
+            "reloads": gateway.reloads,
+        }
+
+    return [reload, stats]

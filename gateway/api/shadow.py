@@ -1,0 +1,107 @@
+"""Shadow traffic: mirror a share of requests to a shadow pool and discard the answers.
+
+A shadow request runs as its own task, takes a backend only if one is free at once (it never
+queues and never retries), and is never billed or counted against quotas. Its latency, status
+and output are kept in ``ShadowStats`` for metrics and traces. The primary never waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from gateway.routing.rollout import should_shadow
+from gateway.upstream.errors import UpstreamError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from gateway.api.parse import ParsedRequest
+    from gateway.config import Shadow
+    from gateway.routing.backend import BackendState
+    from gateway.runtime import Gateway, Runtime
+    from gateway.types import RawHeaders
+
+__all__ = ["ShadowStats", "start_shadow"]
+
+_encoder = msgspec.json.Encoder()
+
+
+@dataclass
+class ShadowStats:
+    """Counts of shadow requests (per process)."""
+
+    started: int = 0
+    skipped: int = 0  # the shadow pool had no free backend, or too many shadows in flight
+    by_status: dict[int, int] = field(default_factory=dict)
+    errors: int = 0
+    in_flight: int = 0
+    latencies: list[float] = field(default_factory=list)
+    output_bytes: int = 0
+
+
+STATS = ShadowStats()
+
+
+def start_shadow(
+    gateway: Gateway,
+    runtime: Runtime,
+    shadow: Shadow,
+    endpoint: str,
+    parsed: ParsedRequest,
+    headers: RawHeaders,
+) -> None:
+    """Maybe mirror this request; returns at once."""
+    if not should_shadow(shadow.share):
+        return
+    if STATS.in_flight >= shadow.max_in_flight:
+        STATS.skipped += 1
+        return
+    pool = runtime.router.pools[shadow.pool]
+    backend = pool.try_pick(time.monotonic())
+    if backend is None:
+        STATS.skipped += 1
+        return
+    payload = dict(parsed.payload)
+    payload["model"] = shadow.backend_model or payload["model"]
+    body = _encoder.encode(payload)
+    task = asyncio.get_running_loop().create_task(
+        _run(gateway, pool.release, backend, endpoint, body, headers)
+    )
+    gateway.shadow_tasks.add(task)
+    task.add_done_callback(gateway.shadow_tasks.discard)
+
+
+async def _run(
+    gateway: Gateway,
+    release: Callable[[BackendState], None],
+    backend: BackendState,
+    endpoint: str,
+    body: bytes,
+    headers: RawHeaders,
+) -> None:
+    STATS.started += 1
+    STATS.in_flight += 1
+    t0 = time.perf_counter()
+    try:
+        send_headers = list(headers)
+        if backend.auth_header:
+            send_headers.append((b"authorization", backend.auth_header))
+        response = await gateway.upstream.post(backend.urls[endpoint], body, send_headers)
+        try:
+            async for chunk in response.chunks():
+                STATS.output_bytes += len(chunk)
+        finally:
+            response.close()
+        STATS.by_status[response.status] = STATS.by_status.get(response.status, 0) + 1
+    except UpstreamError:
+        STATS.errors += 1
+    finally:
+        STATS.in_flight -= 1
+        STATS.latencies.append(time.perf_counter() - t0)
+        del STATS.latencies[:-1000]
+        release(backend)

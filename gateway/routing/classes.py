@@ -1,0 +1,55 @@
+"""Which class a request belongs to: a pure function of the request and the policy.
+
+In order: the ``X-Request-Class`` header (only if the key may set it), the key's default, the
+first matching route rule, the configured default.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.config import ApiKey, RouteRule, Routing
+
+__all__ = ["resolve_class"]
+
+
+def _matches(rule: RouteRule, model: str, endpoint: str, payload: dict[str, Any],
+             stream: bool) -> bool:
+    if rule.models is not None and model not in rule.models:
+        return False
+    if rule.endpoints is not None and endpoint not in rule.endpoints:
+        return False
+    if rule.stream is not None and rule.stream != stream:
+        return False
+    if rule.min_max_tokens is not None:
+        limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
+        if not isinstance(limit, int) or limit < rule.min_max_tokens:
+            return False
+    if rule.user is not None:
+        user = payload.get("user")
+        if not isinstance(user, str) or not fnmatchcase(user, rule.user):
+            return False
+    return True
+
+
+def resolve_class(
+    routing: Routing,
+    known: Any,
+    header: str | None,
+    key: ApiKey | None,
+    model: str,
+    endpoint: str,
+    payload: dict[str, Any],
+    stream: bool,
+) -> str:
+    """The request's class name. ``known`` is the set (or mapping) of declared class names."""
+    if header and header in known and (routing.class_header or (key and key.allow_class_header)):
+        return header
+    if key is not None and key.default_class:
+        return key.default_class
+    for rule in routing.rules:
+        if _matches(rule, model, endpoint, payload, stream):
+            return rule.request_class
+    return routing.default_class

@@ -1,0 +1,86 @@
+"""Choosing a backend inside a pool: pure functions of the backends' state.
+
+``least_loaded``: two random candidates (power of two choices), the one with the lower cost
+wins. Cost = (outstanding + engine queue + 1) / weight, times a latency penalty from the EWMA of
+observed TTFT and decode time relative to the pool's best, times a KV-pressure penalty when the
+engine reports its cache nearly full. Comparing two random candidates rather than taking the
+global minimum keeps many gateway processes from piling onto one momentarily idle backend.
+
+Affinity: rendezvous hashing of a conversation key gives every conversation a stable backend
+order; the first backend in that order whose load is within ``bounded_load`` x the pool mean
+takes it, so prefix caches are reused without letting one backend overload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from gateway.routing.backend import BackendState
+
+__all__ = ["cost", "pick_affine", "pick_least_loaded", "pick_round_robin"]
+
+
+def _latency_penalty(b: BackendState, best_ttft: float, best_tpot: float) -> float:
+    penalty = 1.0
+    if best_ttft > 0 and b.ttft_ewma > best_ttft:
+        penalty *= min(10.0, b.ttft_ewma / best_ttft) ** 0.5
+    if best_tpot > 0 and b.tpot_ewma > best_tpot:
+        penalty *= min(10.0, b.tpot_ewma / best_tpot) ** 0.5
+    return penalty
+
+
+def cost(b: BackendState, best_ttft: float = 0.0, best_tpot: float = 0.0) -> float:
+    """Lower is better."""
+    load = (b.in_flight + b.engine_waiting + 1) / b.config.weight
+    kv = 4.0 if b.engine_kv_usage >= 0.95 else 1.0
+    return load * kv * _latency_penalty(b, best_ttft, best_tpot)
+
+
+def _best(candidates: Sequence[BackendState]) -> tuple[float, float]:
+    ttfts = [b.ttft_ewma for b in candidates if b.ttft_ewma > 0]
+    tpots = [b.tpot_ewma for b in candidates if b.tpot_ewma > 0]
+    return (min(ttfts) if ttfts else 0.0, min(tpots) if tpots else 0.0)
+
+
+def pick_least_loaded(
+    candidates: Sequence[BackendState], rng: random.Random | None = None
+) -> BackendState | None:
+    """Power of two choices on :func:`cost`; None when there is no candidate."""
+    if not candidates:
+        return None
+    if len(candidates) == 1:
+        return candidates[0]
+    r = rng or random
+    a, b = r.sample(candidates, 2)
+    best_ttft, best_tpot = _best(candidates)
+    return a if cost(a, best_ttft, best_tpot) <= cost(b, best_ttft, best_tpot) else b
+
+
+def pick_round_robin(candidates: Sequence[BackendState], counter: int) -> BackendState | None:
+    if not candidates:
+        return None
+    return candidates[counter % len(candidates)]
+
+
+def _rank(key: bytes, backend: BackendState) -> int:
+    digest = hashlib.blake2b(key + backend.label.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def pick_affine(
+    candidates: Sequence[BackendState], key: bytes, bounded_load: float
+) -> BackendState | None:
+    """The conversation's preferred backend within the load bound, else None."""
+    if not candidates:
+        return None
+    mean = sum(b.in_flight / b.config.weight for b in candidates) / len(candidates)
+    limit = bounded_load * (mean + 1)
+    for b in sorted(candidates, key=lambda b: _rank(key, b), reverse=True):
+        if (b.in_flight + 1) / b.config.weight <= limit:
+            return b
+    return None
