@@ -39,10 +39,12 @@ async def relay_response(
         raise BackendFailure(f"backend '{ctx.backend}' answered {status}: {text}".rstrip(": "))
     headers = response.headers + extra
     if not response.is_stream:
-        try:
-            body = await response.read()
-        except UpstreamError as exc:
-            raise as_gateway_error(exc, ctx.backend or "?") from exc
+        body = forwarded.body
+        if body is None:
+            try:
+                body = await response.read()
+            except UpstreamError as exc:
+                raise as_gateway_error(exc, ctx.backend or "?") from exc
         headers.append((b"content-length", str(len(body)).encode()))
         ctx.response_started = True
         await send({"type": "http.response.start", "status": status, "headers": headers})

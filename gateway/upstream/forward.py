@@ -47,6 +47,7 @@ class Forwarded:
     sent_ns: int
     first_chunk: bytes | None  # for streams: the first body chunk, already read
     first_chunk_ns: int | None
+    body: bytes | None = None  # for whole (non-stream) responses: the body, already read
 
 
 class _Failed(Exception):
@@ -150,7 +151,15 @@ async def _attempt(
                 backend.on_failure(health, time.monotonic())
                 raise _Failed(as_gateway_error(exc, backend.label)) from exc
             first_ns = time.perf_counter_ns()
-        return Forwarded(response, pool, backend, sent_ns, first, first_ns)
+        body_read: bytes | None = None
+        if not response.is_stream:
+            # read inside the attempt: a backend dying mid-body is still retryable here
+            try:
+                body_read = await response.read()
+            except UpstreamError as exc:
+                backend.on_failure(health, time.monotonic())
+                raise _Failed(as_gateway_error(exc, backend.label)) from exc
+        return Forwarded(response, pool, backend, sent_ns, first, first_ns, body_read)
     except BaseException:
         response.close()
         raise

@@ -1,0 +1,254 @@
+"""Routing through real HTTP against simulator backends with fault injection."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import yaml
+
+from gateway.sim.server import SimServer, spawn
+from tests.helpers import TEST_KEY, GatewayProcess, free_port, policy, wait_http
+
+AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
+ADMIN = "admin-test-token"
+
+
+def _chat(gw: GatewayProcess, model: str = "chat-model", headers: dict[str, str] | None = None,
+          **body: Any) -> httpx.Response:
+    payload = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+               **body}
+    return httpx.post(gw.url + "/v1/chat/completions", json=payload,
+                      headers={**AUTH, **(headers or {})}, timeout=20)
+
+
+@contextmanager
+def _sims(n: int, *args: str) -> Iterator[list[tuple[str, subprocess.Popen[bytes]]]]:
+    procs = []
+    try:
+        for _ in range(n):
+            port = free_port()
+            proc = spawn(port, "interactive", "--speedup", "5", "--jitter", "0", *args)
+            procs.append((f"http://127.0.0.1:{port}", proc))
+        for url, proc in procs:
+            wait_http(url + "/health", proc=proc)
+        yield procs
+    finally:
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def _stats(gw: GatewayProcess) -> dict[str, Any]:
+    r = httpx.post(gw.url + "/admin/stats", headers={"Authorization": f"Bearer {ADMIN}"})
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+@contextmanager
+def _gateway(tmp: Path, data: dict[str, Any]) -> Iterator[GatewayProcess]:
+    os.environ["GATEWAY_ADMIN_TOKEN"] = ADMIN
+    try:
+        with GatewayProcess(tmp, data) as gw:
+            yield gw
+    finally:
+        os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
+
+
+def test_backend_killed_under_load_no_client_errors(tmp_path: Path) -> None:
+    """SIGKILL one of two backends mid-load: every client request still succeeds."""
+    with _sims(2) as sims:
+        data = policy({"chat": [url for url, _ in sims]})
+        data["pools"][0]["health"] = {"eject_after": 2, "eject_base": 30}
+        with _gateway(tmp_path, data) as gw:
+            stop = time.monotonic() + 3.0
+            statuses: list[int] = []
+
+            def client() -> None:
+                while time.monotonic() < stop:
+                    statuses.append(_chat(gw, max_tokens=8).status_code)
+
+            with ThreadPoolExecutor(8) as pool:
+                futures = [pool.submit(client) for _ in range(8)]
+                time.sleep(1.0)
+                sims[0][1].send_signal(signal.SIGKILL)
+                for f in futures:
+                    f.result()
+            assert len(statuses) > 50
+            assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+            backends = _stats(gw)["pools"]["chat"]["backends"]
+            assert backends["chat-0"]["ejected"] is True
+            assert backends["chat-1"]["ejected"] is False
+
+
+def test_stall_before_first_token_retried_elsewhere(tmp_path: Path) -> None:
+    """A backend that stalls before its first token hits the TTFT timeout; another answers."""
+    with _sims(1, "--stall-ms", "3000") as stalled, _sims(1) as healthy:
+        data = policy({"chat": [stalled[0][0], healthy[0][0]]})
+        data["server"]["timeouts"] = {"first_token": 0.5}
+        data["routing"] = {"retry": {"backoff_base": 0.01}}
+        with _gateway(tmp_path, data) as gw:
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key=TEST_KEY, max_retries=0)
+            for _ in range(6):
+                t0 = time.monotonic()
+                text = "".join(
+                    c.choices[0].delta.content or ""
+                    for c in client.chat.completions.create(
+                        model="chat-model", max_tokens=5, stream=True,
+                        messages=[{"role": "user", "content": "x"}])
+                    if c.choices
+                )
+                assert len(text.split()) == 5
+                assert time.monotonic() - t0 < 2.5
+
+
+def test_midstream_disconnect_ends_with_error_event_no_retry(tmp_path: Path) -> None:
+    """The backend dies after 3 chunks: the client gets those, an SSE error event, a clean
+    end, and no second attempt is made."""
+    with SimServer("interactive", speedup=5, jitter=0.0) as a, \
+            SimServer("interactive", speedup=5, jitter=0.0) as b:
+        with _gateway(tmp_path, policy({"chat": [a.url, b.url]})) as gw:
+            before = a.stats()["completed"] + b.stats()["completed"]
+            body = {"model": "chat-model", "stream": True, "max_tokens": 20,
+                    "messages": [{"role": "user", "content": "x"}]}
+            with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body,
+                              headers={**AUTH, "x-sim-disconnect-after": "3"}) as r:
+                assert r.status_code == 200
+                lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+            assert '"error"' in lines[-1] and "[DONE]" not in lines[-1]
+            assert sum(1 for ln in lines if '"content":"' in ln) >= 3
+            time.sleep(0.2)
+            assert a.stats()["completed"] + b.stats()["completed"] == before  # no retry ran
+
+
+def test_ejection_and_return(tmp_path: Path) -> None:
+    """Consecutive failures eject a backend; its active check brings it back."""
+    with SimServer("interactive", speedup=5) as a, SimServer("interactive", speedup=5) as b:
+        data = policy({"chat": [a.url, b.url]})
+        data["pools"][0]["health"] = {"eject_after": 2, "eject_base": 60, "path": "/health",
+                                      "interval": 0.2, "panic_threshold": 0.0}
+        data["routing"] = {"retry": {"max_attempts": 1}}
+        with _gateway(tmp_path, data) as gw:
+            for _ in range(12):  # ~half land on a and fail there
+                _chat(gw, headers={"x-sim-error-status": "500"})
+            backends = _stats(gw)["pools"]["chat"]["backends"]
+            assert backends["chat-0"]["ejected"] or backends["chat-1"]["ejected"]
+            time.sleep(0.6)  # health checks pass (the fault was per request)
+            backends = _stats(gw)["pools"]["chat"]["backends"]
+            assert not backends["chat-0"]["ejected"] and not backends["chat-1"]["ejected"]
+
+
+def test_retry_budget_caps_retries(tmp_path: Path) -> None:
+    """Against a pool that fails every request, retries stay within the budget."""
+    with _sims(2, "--error-status", "503") as sims:
+        data = policy({"chat": [url for url, _ in sims]})
+        data["pools"][0]["health"] = {"eject_after": 1000}
+        data["routing"] = {"retry": {"max_attempts": 3, "budget_ratio": 0.2,
+                                     "budget_min_per_s": 0.0, "budget_window": 30,
+                                     "backoff_base": 0.001}}
+        with _gateway(tmp_path, data) as gw:
+            statuses = [_chat(gw).status_code for _ in range(50)]
+            assert set(statuses) == {502}
+            retries = _stats(gw)["retries_in_window"]
+            assert retries <= 0.2 * 50 + 1
+            assert retries >= 5  # the budget was used, not zero
+
+
+def test_live_weight_change_under_load(tmp_path: Path) -> None:
+    """Reloading new weights under load fails no request and moves traffic."""
+    with SimServer("interactive", speedup=5) as a, SimServer("interactive", speedup=5) as b:
+        data = policy({"chat": [a.url], "canary": [b.url]})
+        data["models"][0]["versions"] = [
+            {"backend_model": "v1", "weight": 100, "pool": "chat"},
+            {"backend_model": "v2", "weight": 0, "pool": "canary"},
+        ]
+        with _gateway(tmp_path, data) as gw:
+            stop = threading.Event()
+            statuses: list[int] = []
+
+            def client() -> None:
+                while not stop.is_set():
+                    r = _chat(gw, stream=True)
+                    statuses.append(r.status_code)
+
+            threads = [threading.Thread(target=client) for _ in range(6)]
+            for t in threads:
+                t.start()
+            time.sleep(0.5)
+            served_b_before = b.stats()["completed"]
+            data["models"][0]["versions"][0]["weight"] = 0
+            data["models"][0]["versions"][1]["weight"] = 100
+            gw.config.write_text(yaml.safe_dump(data))
+            r = httpx.post(gw.url + "/admin/reload", headers={"Authorization": f"Bearer {ADMIN}"})
+            assert r.status_code == 200 and r.json()["reloaded"] is True
+            time.sleep(0.5)
+            served_a_mid = a.stats()["completed"]
+            time.sleep(0.5)
+            stop.set()
+            for t in threads:
+                t.join()
+            assert statuses and set(statuses) == {200}
+            assert served_b_before == 0 and b.stats()["completed"] > 0
+            assert a.stats()["completed"] - served_a_mid <= 6  # only requests already in flight
+            # an invalid reload keeps the old policy
+            gw.config.write_text("pools: [oops")
+            r = httpx.post(gw.url + "/admin/reload", headers={"Authorization": f"Bearer {ADMIN}"})
+            assert r.status_code == 422 and "invalid YAML" in r.json()["error"]
+            assert _chat(gw).status_code == 200
+            # SIGHUP reloads too
+            gw.config.write_text(yaml.safe_dump(data))
+            assert gw.proc is not None
+            gw.proc.send_signal(signal.SIGHUP)
+            time.sleep(0.3)
+            assert _stats(gw)["reloads"] == 2
+
+
+def test_shadow_never_changes_primary(tmp_path: Path) -> None:
+    """Every request is mirrored to a failing shadow pool; the primary answers unchanged."""
+    with SimServer("interactive", speedup=5, jitter=0.0) as primary, \
+            SimServer("interactive", speedup=5, jitter=0.0, error_status=500) as shadow:
+        data = policy({"chat": [primary.url], "shadow": [shadow.url]})
+        data["models"][0]["shadow"] = {"pool": "shadow", "share": 1.0}
+        direct = openai.OpenAI(base_url=primary.url + "/v1", api_key="x")
+        expected = direct.chat.completions.create(
+            model="sim-model", max_tokens=6, messages=[{"role": "user", "content": "same"}]
+        ).choices[0].message.content
+        with _gateway(tmp_path, data) as gw:
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key=TEST_KEY, max_retries=0)
+            for _ in range(5):
+                reply = client.chat.completions.create(
+                    model="chat-model", max_tokens=6, messages=[{"role": "user", "content": "same"}]
+                )
+                assert reply.choices[0].message.content == expected
+            time.sleep(0.3)
+            shadow_stats = _stats(gw)["shadow"]
+            assert shadow_stats["started"] == 5
+            assert shadow_stats["by_status"] == {"500": 5}
+
+
+def test_class_headers_and_batch_pool(tmp_path: Path) -> None:
+    """The class decides the pool; the response says which class and pool were chosen."""
+    with SimServer("interactive", speedup=5) as i, SimServer("batch", speedup=5) as b:
+        data = policy({"chat": [i.url], "batch": [b.url]})
+        data["models"] = [{"name": "m", "pool": "chat", "pools": {"batch": "batch"}}]
+        data["auth"]["keys"][0]["allow_class_header"] = True
+        data["routing"] = {"rules": [{"class": "batch", "min_max_tokens": 1000}]}
+        with _gateway(tmp_path, data) as gw:
+            r = _chat(gw, model="m")
+            assert (r.headers["x-gateway-class"], r.headers["x-gateway-pool"]) == (
+                "interactive", "chat")
+            r = _chat(gw, model="m", headers={"X-Request-Class": "batch"})
+            assert (r.headers["x-gateway-class"], r.headers["x-gateway-pool"]) == ("batch", "batch")
+            r = _chat(gw, model="m", max_tokens=1000)
+            assert r.headers["x-gateway-class"] == "batch"
