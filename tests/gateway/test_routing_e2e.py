@@ -252,3 +252,16 @@ def test_class_headers_and_batch_pool(tmp_path: Path) -> None:
             assert (r.headers["x-gateway-class"], r.headers["x-gateway-pool"]) == ("batch", "batch")
             r = _chat(gw, model="m", max_tokens=1000)
             assert r.headers["x-gateway-class"] == "batch"
+
+
+def test_fallback_pool_takes_over(tmp_path: Path) -> None:
+    """Every backend of the primary pool fails: the request is retried on its fallback pool."""
+    with SimServer("interactive", speedup=5, error_status=503) as bad, \
+            SimServer("interactive", speedup=5) as good:
+        data = policy({"chat": [bad.url], "spare": [good.url]})
+        data["pools"][0]["fallback"] = "spare"
+        data["routing"] = {"retry": {"backoff_base": 0.001}}
+        with _gateway(tmp_path, data) as gw:
+            r = _chat(gw)
+            assert r.status_code == 200, r.text
+            assert r.headers["x-gateway-pool"] == "spare"
