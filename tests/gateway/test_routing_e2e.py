@@ -116,20 +116,22 @@ def test_stall_before_first_token_retried_elsewhere(tmp_path: Path) -> None:
 def test_midstream_disconnect_ends_with_error_event_no_retry(tmp_path: Path) -> None:
     """The backend dies after 3 chunks: the client gets those, an SSE error event, a clean
     end, and no second attempt is made."""
-    with SimServer("interactive", speedup=5, jitter=0.0) as a, \
-            SimServer("interactive", speedup=5, jitter=0.0) as b:
-        with _gateway(tmp_path, policy({"chat": [a.url, b.url]})) as gw:
-            before = a.stats()["completed"] + b.stats()["completed"]
-            body = {"model": "chat-model", "stream": True, "max_tokens": 20,
-                    "messages": [{"role": "user", "content": "x"}]}
-            with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body,
-                              headers={**AUTH, "x-sim-disconnect-after": "3"}) as r:
-                assert r.status_code == 200
-                lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
-            assert '"error"' in lines[-1] and "[DONE]" not in lines[-1]
-            assert sum(1 for ln in lines if '"content":"' in ln) >= 3
-            time.sleep(0.2)
-            assert a.stats()["completed"] + b.stats()["completed"] == before  # no retry ran
+    with (
+        SimServer("interactive", speedup=5, jitter=0.0) as a,
+        SimServer("interactive", speedup=5, jitter=0.0) as b,
+        _gateway(tmp_path, policy({"chat": [a.url, b.url]})) as gw,
+    ):
+        before = a.stats()["completed"] + b.stats()["completed"]
+        body = {"model": "chat-model", "stream": True, "max_tokens": 20,
+                "messages": [{"role": "user", "content": "x"}]}
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body,
+                          headers={**AUTH, "x-sim-disconnect-after": "3"}) as r:
+            assert r.status_code == 200
+            lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert '"error"' in lines[-1] and "[DONE]" not in lines[-1]
+        assert sum(1 for ln in lines if '"content":"' in ln) >= 3
+        time.sleep(0.2)
+        assert a.stats()["completed"] + b.stats()["completed"] == before  # no retry ran
 
 
 def test_ejection_and_return(tmp_path: Path) -> None:
