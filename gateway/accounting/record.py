@@ -1,0 +1,126 @@
+"""The usage result of one request: tokens by part, output, cost; what the ledger record carries.
+
+When the backend reported usage, its figures are the truth: the gateway's split is fitted to its
+``prompt_tokens`` (``apportion.fit_split``) and its ``completion_tokens`` is the output. When it
+did not (a stream cut short, a backend that ignores ``include_usage``, a body without usage), the
+gateway's own counts stand, the output is the delivered text counted with the tokenizer, and the
+record is marked ``estimated``; nothing is reported as cached then.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from gateway.accounting.apportion import fit_split
+from gateway.accounting.prices import CostBreakdown, ModelPrice, price_usage
+from gateway.accounting.usage import text_from_body, usage_from_body
+
+if TYPE_CHECKING:
+    from gateway.accounting.split import PromptCounter, PromptSplit
+    from gateway.accounting.sse import StreamScanner
+    from gateway.accounting.usage import BackendUsage
+
+__all__ = ["TokenUsage", "account", "account_body", "account_stream"]
+
+
+class TokenUsage(msgspec.Struct, frozen=True, kw_only=True):
+    """Tokens and cost of one request; ``system + history + new + tools == prompt_total``."""
+
+    system: int = 0
+    history: int = 0
+    new: int = 0
+    tools: int = 0
+    #: prompt tokens the backend served from its cache (a subset of the parts above)
+    cached: int = 0
+    output: int = 0
+    prompt_total: int = 0
+    #: True when the backend reported no usage and these are the gateway's own counts
+    estimated: bool = False
+    #: image/audio/file parts in the prompt, whose tokens the gateway could only estimate
+    non_text_parts: int = 0
+    cost: CostBreakdown | None = None
+
+
+def account(
+    split: PromptSplit,
+    reported: BackendUsage | None,
+    *,
+    estimated_output: int = 0,
+    price: ModelPrice | None = None,
+    batch: bool = False,
+) -> TokenUsage:
+    """Combine the gateway's split with the backend's usage (or the estimate) and price it."""
+    if reported is not None:
+        parts = fit_split(split, reported.prompt_tokens)
+        output, cached = reported.completion_tokens, reported.cached_tokens
+    else:
+        parts, output, cached = split, estimated_output, 0
+    cost = None
+    if price is not None:
+        cost = price_usage(
+            price,
+            system=parts.system,
+            history=parts.history,
+            new=parts.new,
+            tools=parts.tools,
+            cached=cached,
+            output=output,
+            batch=batch,
+        )
+    return TokenUsage(
+        system=parts.system,
+        history=parts.history,
+        new=parts.new,
+        tools=parts.tools,
+        cached=cached,
+        output=output,
+        prompt_total=parts.total,
+        estimated=reported is None,
+        non_text_parts=parts.non_text_parts,
+        cost=cost,
+    )
+
+
+def account_stream(
+    split: PromptSplit,
+    scanner: StreamScanner,
+    counter: PromptCounter,
+    *,
+    price: ModelPrice | None = None,
+    batch: bool = False,
+    remember_reply: bool = False,
+) -> TokenUsage:
+    """Usage of a finished (or abandoned) stream; counts the delivered text only if needed.
+
+    With ``remember_reply`` (chat), a plain-text reply is counted into the cache for next turn.
+    """
+    reported = scanner.usage
+    estimate = 0 if reported is not None else counter.count_text(scanner.delivered_text())
+    if remember_reply:
+        reply = scanner.reply_text()
+        if reply:
+            counter.remember_reply(reply)
+    return account(split, reported, estimated_output=estimate, price=price, batch=batch)
+
+
+def account_body(
+    split: PromptSplit,
+    body: bytes,
+    counter: PromptCounter,
+    *,
+    price: ModelPrice | None = None,
+    batch: bool = False,
+    remember_reply: bool = False,
+) -> TokenUsage:
+    """Usage of a non-streamed response body; counts its text only if it carries no usage.
+
+    With ``remember_reply`` (chat), the reply is counted into the cache for the next turn.
+    """
+    reported = usage_from_body(body)
+    text = text_from_body(body) if reported is None or remember_reply else ""
+    estimate = 0 if reported is not None else counter.count_text(text)
+    if remember_reply and text:
+        counter.remember_reply(text)
+    return account(split, reported, estimated_output=estimate, price=price, batch=batch)

@@ -1,0 +1,287 @@
+"""An incremental scanner for a backend's SSE stream: usage, delivered text, ``[DONE]``.
+
+Created per streamed request and fed the raw byte chunks as they arrive from the backend; chunks
+may split lines and events anywhere. It
+
+* finds the usage event (a ``data:`` event whose JSON has a non-null ``usage``; with
+  ``include_usage`` OpenAI sends ``"usage": null`` on every other chunk, which is ignored);
+* collects the delivered text (``choices[].delta.content``, reasoning and tool-call name and
+  arguments for chat; ``choices[].text`` for completions) so that a stream that ends without
+  usage, or is cut short, can still be counted (``delivered_text``);
+* notes ``data: [DONE]``;
+* optionally strips the usage event, when the gateway asked for usage but the client did not.
+
+Cost per chunk: one ``rfind`` for the last event boundary, one ``split``, and one msgspec decode
+per event into Structs that name only ``choices`` (index, delta text fields) and ``usage``;
+everything else in the event is skipped by the decoder without building objects.
+
+Forwarding (the return value of :meth:`StreamScanner.feed`):
+
+* not stripping: the chunk itself, always, whatever it holds (zero copy, no delay);
+* stripping: only whole events are forwarded; a partial event at the end of a chunk is held
+  until its end arrives (a client cannot act on half an event anyway). A block with no usage
+  event is forwarded as the very bytes received (or one slice of them); the usage event and its
+  blank line are removed. When the usage rides on a chunk that also has choices (some backends
+  put it on the last content chunk), that chunk is forwarded re-encoded with ``"usage": null``,
+  the shape OpenAI gives every non-final chunk, so the text still reaches the client.
+
+``"usage": null`` on ordinary chunks is passed through untouched (rewriting every event would cost
+a re-encode each); OpenAI's clients accept it. Line endings: LF (``\\n\\n`` between events) and
+CRLF (``\\r\\n\\r\\n``), detected from the first line. An event over ``max_event_bytes`` without
+an end is passed through unscanned up to the next boundary, bounding memory.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from gateway.accounting.usage import BackendUsage, WireUsage
+
+__all__ = ["StreamScanner"]
+
+_LF = b"\n\n"
+_CRLF = b"\r\n\r\n"
+_DONE = b"[DONE]"
+
+
+class _Function(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCall(msgspec.Struct):
+    function: _Function | None = None
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Choice(msgspec.Struct):
+    index: int = 0
+    delta: _Delta | None = None
+    text: str | None = None
+
+
+class _Event(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    usage: WireUsage | None = None
+
+
+_decode_event = msgspec.json.Decoder(_Event).decode
+_decode_any = msgspec.json.decode
+_encode = msgspec.json.encode
+
+
+class StreamScanner:
+    """Watches one SSE stream (per request, not shared).
+
+    Call :meth:`feed` with every chunk from the backend and forward what it returns; at the end
+    of the stream call :meth:`flush` and forward that too. Then read :attr:`usage` (None if the
+    backend sent none), :attr:`done` and :meth:`delivered_text`.
+    """
+
+    __slots__ = (
+        "_extra",
+        "_sep",
+        "_skipping",
+        "_strip",
+        "_tail",
+        "_text",
+        "done",
+        "events",
+        "malformed",
+        "max_event_bytes",
+        "usage",
+    )
+
+    def __init__(self, *, strip_usage: bool, max_event_bytes: int = 1 << 20) -> None:
+        self._strip = strip_usage
+        self.max_event_bytes = max_event_bytes
+        self._sep: bytes | None = None
+        self._tail = b""
+        self._skipping = False
+        self._text: dict[int, list[str]] = {}  # content (chat) or text (completions) by choice
+        self._extra: list[str] = []  # reasoning, tool-call names and arguments
+        self.usage: BackendUsage | None = None
+        self.done = False
+        self.events = 0
+        self.malformed = 0
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Scan a chunk; return the bytes to forward to the client now (may be empty)."""
+        sep = self._sep
+        # Fast path, the common case: one whole single-line event per chunk (how backends
+        # write), so the first line break is the separator at the very end.
+        if (
+            sep is not None
+            and not self._tail
+            and not self._skipping
+            and chunk.startswith(b"data: ")
+            and chunk.find(sep[:1]) == len(chunk) - len(sep)
+            and chunk.endswith(sep)
+        ):
+            replacement = self._data(chunk[6 : -len(sep)])
+            if replacement is None or not self._strip:
+                return chunk
+            return replacement + sep if replacement else b""
+        out = self._feed(chunk)
+        return out if self._strip else chunk
+
+    def flush(self) -> bytes:
+        """The stream ended: scan a last event that had no blank line; return bytes still held."""
+        tail, self._tail = self._tail, b""
+        if not tail or self._skipping:
+            return tail if self._strip else b""
+        event = tail.rstrip(b"\r\n")
+        replacement = self._event(event) if event else None
+        if not self._strip:
+            return b""
+        if replacement is None:
+            return tail
+        return replacement + tail[len(event) :] if replacement else b""
+
+    def delivered_text(self) -> str:
+        """Everything generated that was sent: content of all choices, reasoning, tool calls."""
+        content = "".join("".join(self._text[i]) for i in sorted(self._text))
+        return content + "".join(self._extra) if self._extra else content
+
+    def reply_text(self) -> str | None:
+        """The reply a chat client will re-send as an assistant message, if it is plain text:
+        the content of the only choice, with no reasoning or tool calls; else None."""
+        if len(self._text) != 1 or self._extra:
+            return None
+        return "".join(next(iter(self._text.values())))
+
+    def _feed(self, chunk: bytes) -> bytes:
+        passed = b""
+        if self._skipping:
+            passed, chunk = self._skip(chunk)
+            if not chunk:
+                return passed
+        data = self._tail + chunk if self._tail else chunk
+        sep = self._sep or self._detect(data)
+        cut = -1 if sep is None else data.rfind(sep)
+        if sep is None or cut < 0:
+            return passed + self._hold(data)
+        cut += len(sep)
+        if cut == len(data):
+            block, self._tail = data, b""
+        else:
+            block, self._tail = data[:cut], data[cut:]
+        out = self._scan(block, sep)
+        return passed + out if passed else out
+
+    def _detect(self, data: bytes) -> bytes | None:
+        """The event separator, from the first line ending seen."""
+        i = data.find(b"\n")
+        if i < 0:
+            return None
+        self._sep = _CRLF if i > 0 and data[i - 1] == 13 else _LF
+        return self._sep
+
+    def _hold(self, data: bytes) -> bytes:
+        """Keep a partial event; past ``max_event_bytes`` give up on it and pass it through."""
+        if len(data) <= self.max_event_bytes:
+            self._tail = data
+            return b""
+        self._tail = b""
+        self._skipping = True
+        return data
+
+    def _skip(self, chunk: bytes) -> tuple[bytes, bytes]:
+        """(bytes passed unscanned up to the next boundary, the rest to scan)."""
+        end = chunk.find(self._sep or _LF)
+        if end < 0:
+            return chunk, b""
+        self._skipping = False
+        end += len(self._sep or _LF)
+        return chunk[:end], chunk[end:]
+
+    def _scan(self, block: bytes, sep: bytes) -> bytes:
+        """Scan whole events; return the block itself, or the block without the usage event."""
+        events = block.split(sep)  # ends with b"" since the block ends with sep
+        out: list[bytes] | None = None  # built only once an event is replaced
+        for i in range(len(events) - 1):
+            event = events[i]
+            replacement = self._event(event) if event else None
+            if replacement is None:
+                if out is not None:
+                    out.append(event + sep)
+                continue
+            if out is None:
+                out = [e + sep for e in events[:i]]
+            if replacement:
+                out.append(replacement + sep)
+        return block if out is None else b"".join(out)
+
+    def _event(self, event: bytes) -> bytes | None:
+        """Note what one event says; None to forward it as is, else its replacement (b"": drop)."""
+        if event.startswith(b"data: ") and b"\n" not in event:
+            return self._data(event[6:])
+        payload = _data_field(event)
+        return None if payload is None else self._data(payload)  # None: a comment, keep-alive
+
+    def _data(self, payload: bytes) -> bytes | None:
+        """Note what an event's data says; None to keep the event, else its replacement."""
+        if payload == _DONE:
+            self.done = True
+            return None
+        try:
+            parsed = _decode_event(payload)
+        except msgspec.DecodeError:
+            self.malformed += 1
+            return None
+        self.events += 1
+        if parsed.choices:
+            self._collect(parsed.choices)
+        if parsed.usage is None:
+            return None
+        self.usage = parsed.usage.normalise()
+        if not self._strip:
+            return None
+        return _without_usage(payload) if parsed.choices else b""
+
+    def _collect(self, choices: list[_Choice]) -> None:
+        for choice in choices:
+            pieces = self._text.get(choice.index)
+            if pieces is None:
+                pieces = self._text[choice.index] = []
+            delta = choice.delta
+            if delta is None:
+                if choice.text:
+                    pieces.append(choice.text)
+                continue
+            if delta.content:
+                pieces.append(delta.content)
+            if delta.reasoning_content:
+                self._extra.append(delta.reasoning_content)
+            if delta.tool_calls:
+                for call in delta.tool_calls:
+                    if call.function is not None:
+                        self._extra.append(call.function.name or "")
+                        self._extra.append(call.function.arguments or "")
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else "open"
+        usage = "usage" if self.usage is not None else "no usage"
+        return f"<StreamScanner [{state} | {self.events} events, {usage}]>"
+
+
+def _data_field(event: bytes) -> bytes | None:
+    """The data of a general SSE event (several lines, ``data:`` with or without a space)."""
+    data: list[bytes] = []
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(data) if data else None
+
+
+def _without_usage(payload: bytes) -> bytes:
+    """The event re-encoded with ``"usage": null`` (a chunk that carries choices and usage)."""
+    obj = _decode_any(payload)
+    obj["usage"] = None
+    return b"data: " + _encode(obj)
