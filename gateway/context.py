@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.accounting import TokenUsage
 
 __all__ = ["RequestContext"]
 
@@ -39,6 +43,7 @@ class RequestContext:
     finished_ns: int | None = None
     outcome: str = "pending"  # completed | failed | cancelled | rejected
     error: str | None = None
+    usage: TokenUsage | None = None  # filled by accounting once the response is over
 
     @property
     def ttft_ms(self) -> float | None:

@@ -56,6 +56,15 @@ def demo_policy(interactive_url: str, batch_url: str, key_sha256: str) -> dict[s
             {"name": "demo-bulk", "pool": "batch", "backend_model": "sim-model"},
             {"name": "demo-embed", "pool": "interactive", "backend_model": "sim-model"},
         ],
+        "prices": {
+            "currency": "USD",
+            "batch_factor": "0.5",
+            "models": {
+                "demo-chat": {"input": "0.15", "cached_input": "0.075", "output": "0.60"},
+                "demo-bulk": {"input": "0.15", "cached_input": "0.075", "output": "0.60"},
+                "demo-embed": {"input": "0.02", "output": "0"},
+            },
+        },
     }
 
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
+import msgspec
 from typing import TYPE_CHECKING, Any
 
+from gateway.accounting import PriceTable, PromptCounter
 from gateway.auth import StaticKeys
 from gateway.config import key_hashes, load_policy
 from gateway.routing.router import Router
@@ -39,6 +42,7 @@ class Runtime:
         self.timeouts = {
             c.name: c.timeouts or policy.server.timeouts for c in policy.classes
         }
+        self.prices = PriceTable.from_mapping(msgspec.to_builtins(policy.prices))
 
     def __repr__(self) -> str:
         return f"<Runtime [pools: {len(self.router.pools)} | models: {len(self.models)}]>"
@@ -54,11 +58,19 @@ class Gateway:
         )
         self.runtime = Runtime(policy)
         self.source = source  # the policy path, for reloads
+        # per-encoding counters with their history caches, kept across policy reloads
+        self.counters: dict[str, PromptCounter] = {}
         self.draining = False
         self.reloads = 0
         self.shadow_tasks: set[asyncio.Task[Any]] = set()  # background tasks kept referenced
         self._monitors: Monitors | None = None
         self._reload_lock = asyncio.Lock()
+
+    def counter(self, encoding: str) -> PromptCounter:
+        counter = self.counters.get(encoding)
+        if counter is None:
+            counter = self.counters[encoding] = PromptCounter(encoding)
+        return counter
 
     async def start(self) -> None:
         await self.upstream.start()

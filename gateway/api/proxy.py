@@ -18,6 +18,13 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from gateway.accounting import (
+    StreamScanner,
+    TokenUsage,
+    account_body,
+    account_stream,
+    request_usage,
+)
 from gateway.api.asgi import ClientGone, get_header, read_body, send_error
 from gateway.api.parse import parse_request
 from gateway.api.relay import relay_response
@@ -190,9 +197,12 @@ class ProxyHandler:
                              _affinity_key(parsed) if _wants_affinity(router, model) else None)
         ctx.request_class, ctx.version = class_name, route.version
         ctx.upstream_model = route.upstream_model
-        if route.upstream_model != parsed.model:
+        # streams always ask the backend for usage; the scanner strips it if the client didn't
+        client_wants_usage = request_usage(parsed.payload, parsed.stream)
+        if route.upstream_model != parsed.model or not client_wants_usage:
             parsed.payload["model"] = route.upstream_model
             body = _encoder.encode(parsed.payload)
+        scanner = StreamScanner(strip_usage=not client_wants_usage) if parsed.stream else None
         headers = request_headers(scope["headers"])
         headers += (
             (b"content-type", b"application/json"),
@@ -208,11 +218,38 @@ class ProxyHandler:
                                   body, headers, timeouts)
         extra.append((b"x-gateway-pool", forwarded.pool.name.encode()))
         try:
-            await relay_response(forwarded, ctx, send, extra)
+            await relay_response(forwarded, ctx, send, extra, scanner)
         finally:
             forwarded.response.close()
             _settle_backend(forwarded, ctx)
             forwarded.pool.release(forwarded.backend)
+            ctx.usage = self._account(runtime, model, parsed, forwarded, scanner, class_name)
+
+    def _account(
+        self,
+        runtime: Runtime,
+        model: Model,
+        parsed: ParsedRequest,
+        forwarded: Forwarded,
+        scanner: StreamScanner | None,
+        class_name: str,
+    ) -> TokenUsage:
+        """Tokens by kind and their cost, after the response (off the latency path)."""
+        counter = self.gateway.counter(model.encoding)
+        operation = self.endpoint.operation
+        if operation == "chat":
+            split = counter.count_chat(parsed.payload)
+        elif operation == "embeddings":
+            split = counter.count_embedding(parsed.payload)
+        else:
+            split = counter.count_completion(parsed.payload)
+        price = runtime.prices.lookup(model.name, None)  # tenant overrides: with tenants
+        batch = class_name == "batch"
+        if scanner is not None:
+            return account_stream(split, scanner, counter, price=price, batch=batch,
+                                  remember_reply=operation == "chat")
+        return account_body(split, forwarded.body or b"", counter, price=price, batch=batch,
+                            remember_reply=operation == "chat")
 
 
 def _settle_backend(forwarded: Forwarded, ctx: RequestContext) -> None:

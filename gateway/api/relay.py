@@ -15,6 +15,7 @@ from gateway.upstream.errors import UpstreamError
 from gateway.upstream.translate import as_gateway_error
 
 if TYPE_CHECKING:
+    from gateway.accounting import StreamScanner
     from gateway.context import RequestContext
     from gateway.types import RawHeaders, Send
     from gateway.upstream.forward import Forwarded
@@ -25,7 +26,11 @@ _EXCERPT = 300
 
 
 async def relay_response(
-    forwarded: Forwarded, ctx: RequestContext, send: Send, extra: RawHeaders
+    forwarded: Forwarded,
+    ctx: RequestContext,
+    send: Send,
+    extra: RawHeaders,
+    scanner: StreamScanner | None = None,
 ) -> None:
     """Send the backend's answer to the client; raises GatewayError before the first byte only."""
     response = forwarded.response
@@ -59,14 +64,18 @@ async def relay_response(
     try:
         if forwarded.first_chunk is not None:
             ctx.first_token_ns = time.perf_counter_ns()
-            await send({"type": "http.response.body", "body": forwarded.first_chunk,
-                        "more_body": True})
+            first = scanner.feed(forwarded.first_chunk) if scanner else forwarded.first_chunk
+            await send({"type": "http.response.body", "body": first, "more_body": True})
             chunks = 1
         async for chunk in response.chunks():
             if ctx.first_token_ns is None:
                 ctx.first_token_ns = time.perf_counter_ns()
             chunks += 1
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            out = scanner.feed(chunk) if scanner is not None else chunk
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+        if scanner is not None and (tail := scanner.flush()):
+            await send({"type": "http.response.body", "body": tail, "more_body": True})
     except UpstreamError as exc:
         ctx.outcome, ctx.error = "failed", str(exc)
         if response.is_event_stream:

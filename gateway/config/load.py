@@ -175,6 +175,10 @@ def _validate_routing(policy: Policy, source: str, pools: set[str]) -> None:
             raise PolicyError(source, f"$.models[{i}].versions", "at least one weight must be > 0")
         if model.shadow is not None:
             need_pool(model.shadow.pool, f"$.models[{i}].shadow.pool")
+    names = {m.name for m in policy.models}
+    for name in policy.prices.models:
+        if name not in names:
+            raise PolicyError(source, f"$.prices.models.{name}", f"unknown model {name!r}")
 
 
 def key_hashes(policy: Policy) -> dict[str, str]:

@@ -21,6 +21,8 @@ __all__ = [
     "Model",
     "Policy",
     "Pool",
+    "Price",
+    "Prices",
     "RequestClass",
     "Retry",
     "RouteRule",
@@ -142,12 +144,39 @@ class Shadow(_Base, frozen=True):
     max_in_flight: PositiveInt = 64
 
 
+Amount = Annotated[str, msgspec.Meta(pattern=r"^\d+(\.\d+)?$")] | int | float
+
+
+class Price(_Base, frozen=True):
+    """A model's prices per million tokens (decimal strings keep them exact)."""
+
+    input: Amount
+    output: Amount
+    #: prompt tokens the backend served from its cache; default: the input price
+    cached_input: Amount | None = None
+    #: multiplier for batch-class requests, e.g. "0.5" for a 50% batch discount
+    batch_factor: Amount | None = None
+
+
+class Prices(_Base, frozen=True):
+    """Prices by public model name, with optional per-tenant overrides."""
+
+    currency: str = "USD"
+    #: default batch multiplier for every model
+    batch_factor: Amount | None = None
+    models: dict[str, Price] = msgspec.field(default_factory=dict)
+    #: tenant -> model -> price (fields not given fall back to the model's price)
+    tenants: dict[str, dict[str, Price]] = msgspec.field(default_factory=dict)
+
+
 class Model(_Base, frozen=True):
     """A public model name clients ask for, mapped to pools and the name the backend knows."""
 
     name: Name
     #: the pool for classes without an entry in ``pools``
     pool: Name
+    #: tokenizer for the gateway's own counts (the backend's usage figures stay authoritative)
+    encoding: Literal["o200k_base", "cl100k_base"] = "o200k_base"
     #: request class -> pool, e.g. {interactive: chat-h100, batch: bulk-h100}
     pools: dict[str, Name] = msgspec.field(default_factory=dict)
     #: the model name sent to the backend; defaults to the public name
@@ -279,3 +308,4 @@ class Policy(_Base, frozen=True):
     routing: Routing = msgspec.field(default_factory=Routing)
     pools: list[Pool] = msgspec.field(default_factory=list)
     models: list[Model] = msgspec.field(default_factory=list)
+    prices: Prices = msgspec.field(default_factory=Prices)

@@ -145,6 +145,7 @@ def test_demo_policy_file_matches_embedded_demo() -> None:
     shipped = yaml.safe_load((REPO / "policies" / "demo.yaml").read_text())
     assert [p["name"] for p in embedded["pools"]] == [p["name"] for p in shipped["pools"]]
     assert embedded["models"] == shipped["models"]
+    assert embedded["prices"] == shipped["prices"]
 
 
 def test_published_schema_is_current() -> None:

@@ -1,0 +1,193 @@
+"""The usage record: one per admitted request, the unit the ledger stores, sums and exports.
+
+A record is written once, at the end of a request (completed, failed, cancelled or rejected
+after admission), and never updated: corrections would need a second record and so a second
+truth. It carries ids and names only (``key_id``, never the key) so exports can leave the
+building. Its request id is the idempotency key: a record that reaches a store twice (a spool
+replayed after a crash, a retried flush) counts once.
+
+JSON is the one wire format (Redis stream field, spool lines, ``jsonl`` export): readable by
+``jq`` and by the other replicas, and msgspec encodes it in about a microsecond.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import TYPE_CHECKING, Literal
+
+import msgspec
+
+if TYPE_CHECKING:
+    from gateway.accounting.record import TokenUsage
+    from gateway.context import RequestContext
+
+__all__ = [
+    "Outcome",
+    "UsageRecord",
+    "day_of",
+    "decode_record",
+    "decode_records",
+    "encode_record",
+    "make_record",
+    "month_of",
+]
+
+Outcome = Literal["completed", "failed", "cancelled", "rejected"]
+
+_DAY_MS = 86_400_000
+
+
+class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What one admitted request used and cost; immutable once written."""
+
+    request_id: str
+    #: unix milliseconds at completion; picks the UTC day partition
+    ts_ms: int
+    tenant: str
+    key_id: str | None = None
+    #: the public model name the client asked for
+    model: str = ""
+    upstream_model: str | None = None
+    request_class: str = ""
+    pool: str | None = None
+    backend: str | None = None
+    #: rollout version served, when the model has versions
+    version: str | None = None
+    #: set only for requests of a batch job
+    batch_id: str | None = None
+    attempts: int = 0
+    status: int = 0
+    outcome: Outcome = "completed"
+    system: int = 0
+    history: int = 0
+    new: int = 0
+    tools: int = 0
+    cached: int = 0
+    output: int = 0
+    prompt_total: int = 0
+    #: True when the tokens are the gateway's own counts, not the backend's
+    estimated: bool = False
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    duration_ms: float | None = None
+    #: total cost in micro-units of ``currency``; the lines below sum to it
+    cost_micros: int = 0
+    cost_system: int = 0
+    cost_history: int = 0
+    cost_new: int = 0
+    cost_tools: int = 0
+    cost_output: int = 0
+    currency: str = "USD"
+
+    @property
+    def day(self) -> str:
+        """The UTC day partition, ``YYYY-MM-DD``."""
+        return day_of(self.ts_ms)
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(UsageRecord)
+
+
+def encode_record(record: UsageRecord) -> bytes:
+    """One record as compact JSON (no newline)."""
+    return _encoder.encode(record)
+
+
+def decode_record(data: bytes | str) -> UsageRecord:
+    """The inverse of ``encode_record``; raises ``msgspec.ValidationError`` on bad input."""
+    return _decoder.decode(data)
+
+
+def decode_records(lines: bytes) -> tuple[list[UsageRecord], int]:
+    """Records of a JSONL blob and the number of lines that did not decode.
+
+    A torn last line (a crash mid-write, before its fsync) is counted, not raised: it was
+    never reported durable, and one bad line must not keep the rest of a spool from Redis.
+    """
+    records: list[UsageRecord] = []
+    bad = 0
+    for line in lines.splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(_decoder.decode(line))
+        except msgspec.DecodeError:
+            bad += 1
+    return records, bad
+
+
+@lru_cache(maxsize=64)
+def _day_label(day_number: int) -> str:
+    return datetime.fromtimestamp(day_number * 86_400, UTC).strftime("%Y-%m-%d")
+
+
+def day_of(ts_ms: int) -> str:
+    """UTC day of a unix-ms timestamp; cached per day, so cheap on the hot path."""
+    return _day_label(ts_ms // _DAY_MS)
+
+
+def month_of(ts_ms: int) -> str:
+    """UTC month of a unix-ms timestamp, ``YYYY-MM``."""
+    return day_of(ts_ms)[:7]
+
+
+def make_record(
+    context: RequestContext,
+    usage: TokenUsage | None,
+    *,
+    tenant: str,
+    batch_id: str | None = None,
+    currency: str = "USD",
+    ts_ms: int | None = None,
+) -> UsageRecord:
+    """The record of a finished request, from its context and its accounted usage.
+
+    ``usage`` is None when nothing was counted (rejected before the prompt was read): the
+    record still exists, with zero tokens, so every admitted request leaves exactly one.
+    """
+    cost = usage.cost if usage is not None else None
+    ttft, duration = context.ttft_ms, context.duration_ms
+    tpot = None
+    if usage is not None and ttft is not None and duration is not None and usage.output > 1:
+        tpot = (duration - ttft) / (usage.output - 1)
+    outcome: Outcome = "completed"
+    if context.outcome in ("failed", "cancelled", "rejected"):
+        outcome = context.outcome  # type: ignore[assignment]
+    u = usage
+    return UsageRecord(
+        request_id=context.request_id,
+        ts_ms=ts_ms if ts_ms is not None else time.time_ns() // 1_000_000,
+        tenant=tenant,
+        key_id=context.key_id,
+        model=context.request_model or "",
+        upstream_model=context.upstream_model,
+        request_class=context.request_class or "",
+        pool=context.pool,
+        backend=context.backend,
+        version=context.version,
+        batch_id=batch_id,
+        attempts=context.attempts,
+        status=context.status,
+        outcome=outcome,
+        system=u.system if u else 0,
+        history=u.history if u else 0,
+        new=u.new if u else 0,
+        tools=u.tools if u else 0,
+        cached=u.cached if u else 0,
+        output=u.output if u else 0,
+        prompt_total=u.prompt_total if u else 0,
+        estimated=u.estimated if u else False,
+        ttft_ms=ttft,
+        tpot_ms=tpot,
+        duration_ms=duration,
+        cost_micros=cost.total if cost else 0,
+        cost_system=cost.system if cost else 0,
+        cost_history=cost.history if cost else 0,
+        cost_new=cost.new if cost else 0,
+        cost_tools=cost.tools if cost else 0,
+        cost_output=cost.output if cost else 0,
+        currency=currency,
+    )

@@ -1,0 +1,58 @@
+"""Tenant limits, exact across replicas: one Redis round trip to admit, one to settle.
+
+``base.py`` holds the interface (``QuotaStore``) and its values; ``memory.py``, ``redis.py`` and
+``failover.py`` the stores; ``scripts.py`` the Lua; ``keys.py`` the Redis key layout.
+"""
+
+from __future__ import annotations
+
+from gateway.quota.backoff import Backoff
+from gateway.quota.base import (
+    DEFAULT_LEASE_TTL,
+    WINDOW,
+    Decision,
+    QuotaRequest,
+    QuotaStore,
+    Reservation,
+    Usage,
+)
+from gateway.quota.errors import (
+    InvalidQuotaRequest,
+    QuotaBackingOff,
+    QuotaConnectError,
+    QuotaError,
+    QuotaStoreError,
+    QuotaTimeout,
+    QuotaUnavailable,
+)
+from gateway.quota.failover import FailoverMode, FailoverQuotaStore
+from gateway.quota.limits import LIMIT_NAMES, LimitName, Limits, Scope, build_scopes
+from gateway.quota.memory import MemoryQuotaStore
+from gateway.quota.redis import RedisQuotaStore
+
+__all__ = [
+    "DEFAULT_LEASE_TTL",
+    "LIMIT_NAMES",
+    "WINDOW",
+    "Backoff",
+    "Decision",
+    "FailoverMode",
+    "FailoverQuotaStore",
+    "InvalidQuotaRequest",
+    "LimitName",
+    "Limits",
+    "MemoryQuotaStore",
+    "QuotaBackingOff",
+    "QuotaConnectError",
+    "QuotaError",
+    "QuotaRequest",
+    "QuotaStore",
+    "QuotaStoreError",
+    "QuotaTimeout",
+    "QuotaUnavailable",
+    "RedisQuotaStore",
+    "Reservation",
+    "Scope",
+    "Usage",
+    "build_scopes",
+]

@@ -1,0 +1,194 @@
+"""The quota store interface and the values that cross it.
+
+A request is admitted against several scopes of one tenant at once (tenant, API key, model).
+``reserve`` checks every limit of every scope and reserves all of them or none; ``renew`` keeps a
+long request's concurrency lease alive; ``settle`` replaces the token estimate by the real count
+and frees the lease. Implementations: ``MemoryQuotaStore`` (one process, no Redis),
+``RedisQuotaStore`` (exact across replicas) and ``FailoverQuotaStore`` (Redis, with a local
+fallback when Redis is away).
+
+Per request the gateway does::
+
+    scopes = build_scopes(plan.limits, key_id=key.id, key=key.limits,
+                          model=model, per_model=plan.models.get(model))
+    decision = await store.reserve(QuotaRequest(request_id=..., tenant=..., key_id=...,
+                                                model=..., scopes=scopes,
+                                                estimated_tokens=input_tokens + max_tokens))
+    if not decision.admitted: answer 429 with Retry-After: ceil(decision.retry_after)
+    try:  ... forward; every decision.reservation.renew_every s: await store.renew(res)
+    finally: await store.settle(res, input_tokens + output_tokens)   # or store.cancel(res)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from gateway.quota.errors import InvalidQuotaRequest
+from gateway.quota.keys import tenant_tag
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from gateway.quota.limits import LimitName, Scope
+
+__all__ = [
+    "DEFAULT_LEASE_TTL",
+    "WINDOW",
+    "Decision",
+    "Origin",
+    "QuotaRequest",
+    "QuotaStore",
+    "Reservation",
+    "Usage",
+]
+
+WINDOW = 60.0
+"""Seconds in the rolling window of ``rpm`` and ``tpm``; stores take a shorter one for tests."""
+
+DEFAULT_LEASE_TTL = 30.0
+"""Seconds a concurrency lease lives unless renewed: how long a crashed process holds a slot."""
+
+Origin = Literal["redis", "memory"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuotaRequest:
+    """What ``reserve`` needs to know about one request.
+
+    ``estimated_tokens`` is the caller's upper bound (counted input + ``max_tokens``); settle
+    corrects it. ``key_id`` and ``model`` are for logs; the limits that apply are in ``scopes``.
+    """
+
+    request_id: str
+    tenant: str
+    scopes: tuple[Scope, ...]
+    estimated_tokens: int
+    key_id: str | None = None
+    model: str | None = None
+    lease_ttl: float = DEFAULT_LEASE_TTL
+
+    def __post_init__(self) -> None:
+        tenant_tag(self.tenant)  # raises on ids that would break the hash tag
+        if not self.request_id:
+            raise InvalidQuotaRequest("request_id must not be empty")
+        if self.estimated_tokens < 0:
+            raise InvalidQuotaRequest(f"estimated_tokens {self.estimated_tokens} < 0")
+        if self.lease_ttl <= 0:
+            raise InvalidQuotaRequest(f"lease_ttl {self.lease_ttl} must be > 0")
+        if len({s.name for s in self.scopes}) != len(self.scopes):
+            raise InvalidQuotaRequest("scope names of one request must be distinct")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reservation:
+    """Proof of admission: pass it to ``renew``, then to ``settle`` or ``cancel`` exactly once.
+
+    ``origin`` says which store holds the counters, so a failover store settles a reservation
+    where it was made. ``expires_at`` is the lease expiry on the store's clock (epoch seconds).
+    """
+
+    request_id: str
+    tenant: str
+    scopes: tuple[Scope, ...]
+    estimated_tokens: int
+    lease_ttl: float
+    expires_at: float
+    origin: Origin
+
+    @property
+    def renew_every(self) -> float:
+        """How often a long request should renew: a third of the TTL survives two lost renews."""
+        return self.lease_ttl / 3.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """The answer to ``reserve``: a reservation, or the limit that refused and when to retry.
+
+    On refusal ``scope``/``limit`` name the binding limit (the one that frees up last, so a
+    retry after ``retry_after`` seconds is not refused by another one right away) and nothing
+    was reserved in any scope.
+    """
+
+    admitted: bool
+    reservation: Reservation | None = None
+    scope: str | None = None
+    limit: LimitName | None = None
+    retry_after: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    """What one scope is using now; counters whose limit is unset are not tracked (0)."""
+
+    requests: int = 0  # admitted in the rolling window (tracked when rpm is set)
+    tokens: int = 0  # charged in the rolling window (tracked when tpm is set)
+    in_flight: int = 0  # live leases (tracked when concurrency is set)
+    tokens_today: int = 0  # tracked when tokens_per_day is set
+    tokens_this_month: int = 0  # tracked when tokens_per_month is set
+
+
+class QuotaStore(ABC):
+    """Admission against tenant limits: check-and-reserve, renew, settle.
+
+    Implementations are shared by all requests of a process and safe for concurrent use from
+    one event loop. Every method either completes its whole step or raises
+    ``QuotaUnavailable`` having changed nothing the caller can rely on.
+    """
+
+    @abstractmethod
+    async def reserve(self, request: QuotaRequest) -> Decision:
+        """Check every limit of every scope; if all pass, reserve them all, atomically.
+
+        Reserving the same ``request_id`` again while its reservation is live returns the
+        existing reservation (a retried call after a lost reply does not count twice).
+        """
+
+    @abstractmethod
+    async def renew(self, reservation: Reservation) -> bool:
+        """Extend the concurrency leases by the lease TTL from now.
+
+        False when the reservation is settled or a lease already expired (the slot may have
+        been given away); the request may go on, but its slot is no longer guaranteed.
+        """
+
+    @abstractmethod
+    async def settle(self, reservation: Reservation, actual_tokens: int) -> bool:
+        """Replace the estimate by ``actual_tokens`` (input + output) and free the leases.
+
+        Unused tokens go back to the window and budgets; an overshoot is charged even past a
+        limit (only admission refuses). Idempotent by request id: True when this call settled,
+        False when it was already settled (or its record expired) and nothing changed.
+        """
+
+    async def cancel(self, reservation: Reservation) -> bool:
+        """Release a request that never reached a backend: ``settle`` with 0 tokens.
+
+        Tokens and leases come back; the request still counts against ``rpm``, because the
+        rolling-window guarantee is about admissions. A request that did reach a backend should
+        be settled with the tokens it used (at least its counted input) instead.
+        """
+        return await self.settle(reservation, 0)
+
+    @abstractmethod
+    async def usage(self, tenant: str, scope: str) -> Usage:
+        """What ``scope`` of ``tenant`` uses now, for admin views and tests."""
+
+    async def ping(self) -> None:  # noqa: B027 - optional hook, a no-op in memory
+        """Raise ``QuotaUnavailable`` unless the store answers (readiness, outage probes)."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and tasks; the default has none."""
+
+    async def __aenter__(self) -> QuotaStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

@@ -1,0 +1,302 @@
+"""The in-process quota store: the same semantics as the Redis store, for one process.
+
+Used when no Redis URL is configured (demo, small installs) and, with each limit scaled to the
+process's share, as the fail-open fallback of ``FailoverQuotaStore``. Everything runs on the
+event loop thread with no ``await`` between check and reserve, so each step is atomic.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gateway.quota.base import WINDOW, Decision, QuotaStore, Reservation, Usage
+from gateway.quota.limits import period_ids, seconds_to_next_day, seconds_to_next_month
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from gateway.quota.base import QuotaRequest
+    from gateway.quota.limits import LimitName, Limits
+
+__all__ = ["RECORD_TTL", "MemoryQuotaStore"]
+
+RECORD_TTL = 3600.0
+"""Seconds a reservation stays settleable without renew; past it settle is a no-op."""
+
+CONCURRENCY_RETRY_HINT = 1.0
+"""Cap of ``retry_after`` for concurrency: requests usually end well before their lease expires."""
+
+RETRY_SCAN = 100
+"""Window entries scanned to compute a tpm ``retry_after``; beyond it the hint is a lower bound."""
+
+_SWEEP_EVERY = 4096
+
+
+@dataclass(slots=True)
+class _ScopeState:
+    """Counters of one scope; each structure is used only when its limit is set."""
+
+    rpm_log: deque[tuple[float, str]] = field(default_factory=deque)
+    tpm_log: deque[tuple[float, str]] = field(default_factory=deque)
+    tpm_tokens: dict[str, int] = field(default_factory=dict)
+    tpm_total: int = 0
+    leases: dict[str, float] = field(default_factory=dict)
+    days: dict[int, int] = field(default_factory=dict)
+    months: dict[int, int] = field(default_factory=dict)
+
+    def prune(self, now: float, window: float) -> None:
+        """Drop window entries that are ``window`` seconds old (amortised O(1) per request)."""
+        cutoff = now - window
+        while self.rpm_log and self.rpm_log[0][0] <= cutoff:
+            self.rpm_log.popleft()
+        while self.tpm_log and self.tpm_log[0][0] <= cutoff:
+            _, rid = self.tpm_log.popleft()
+            self.tpm_total -= self.tpm_tokens.pop(rid, 0)
+
+    def prune_leases(self, now: float) -> None:
+        for rid in [rid for rid, expiry in self.leases.items() if expiry <= now]:
+            del self.leases[rid]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.rpm_log or self.tpm_log or self.leases or self.days or self.months)
+
+
+@dataclass(slots=True)
+class _Record:
+    reservation: Reservation
+    day: int
+    month: int
+    expires: float
+
+
+class MemoryQuotaStore(QuotaStore):
+    """Exact limits for a single process, without Redis.
+
+    Args:
+        clock: epoch seconds; injected by tests.
+        window: length of the rolling rpm/tpm window (60 s; shorter in tests).
+        record_ttl: how long an unrenewed reservation stays settleable.
+    """
+
+    __slots__ = ("_clock", "_ops", "_record_ttl", "_records", "_scopes", "_window")
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        window: float = WINDOW,
+        record_ttl: float = RECORD_TTL,
+    ) -> None:
+        self._clock = clock
+        self._window = window
+        self._record_ttl = record_ttl
+        self._scopes: dict[tuple[str, str], _ScopeState] = {}
+        self._records: dict[tuple[str, str], _Record] = {}
+        self._ops = 0
+
+    def __repr__(self) -> str:
+        scopes, records = len(self._scopes), len(self._records)
+        return f"<MemoryQuotaStore [Scopes: {scopes} | Reservations: {records}]>"
+
+    async def reserve(self, request: QuotaRequest) -> Decision:
+        now = self._clock()
+        self._maybe_sweep(now)
+        existing = self._records.get((request.tenant, request.request_id))
+        if existing is not None and existing.expires > now:
+            return Decision(admitted=True, reservation=existing.reservation)
+        states = [self._state(request.tenant, s.name) for s in request.scopes]
+        refusal = self._check(request, states, now)
+        if refusal is not None:
+            return refusal
+        return Decision(admitted=True, reservation=self._apply(request, states, now))
+
+    async def renew(self, reservation: Reservation) -> bool:
+        now = self._clock()
+        record = self._records.get((reservation.tenant, reservation.request_id))
+        if record is None or record.expires <= now:
+            return False
+        record.expires = now + max(self._record_ttl, 2 * reservation.lease_ttl)
+        held = True
+        for scope in reservation.scopes:
+            if scope.limits.concurrency is None:
+                continue
+            leases = self._state(reservation.tenant, scope.name).leases
+            if leases.get(reservation.request_id, 0.0) > now:
+                leases[reservation.request_id] = now + reservation.lease_ttl
+            else:
+                leases.pop(reservation.request_id, None)
+                held = False
+        return held
+
+    async def settle(self, reservation: Reservation, actual_tokens: int) -> bool:
+        now = self._clock()
+        record = self._records.pop((reservation.tenant, reservation.request_id), None)
+        if record is None or record.expires <= now:
+            return False
+        delta = max(0, actual_tokens) - record.reservation.estimated_tokens
+        rid = reservation.request_id
+        for scope in record.reservation.scopes:
+            state = self._state(reservation.tenant, scope.name)
+            self._settle_scope(state, scope.limits, record, rid, delta, now)
+        return True
+
+    async def usage(self, tenant: str, scope: str) -> Usage:
+        now = self._clock()
+        state = self._scopes.get((tenant, scope))
+        if state is None:
+            return Usage()
+        state.prune(now, self._window)
+        day, month = period_ids(now)
+        return Usage(
+            requests=len(state.rpm_log),
+            tokens=state.tpm_total,
+            in_flight=sum(1 for expiry in state.leases.values() if expiry > now),
+            tokens_today=state.days.get(day, 0),
+            tokens_this_month=state.months.get(month, 0),
+        )
+
+    # -- the steps ------------------------------------------------------------------------
+
+    def _state(self, tenant: str, scope: str) -> _ScopeState:
+        state = self._scopes.get((tenant, scope))
+        if state is None:
+            state = self._scopes[(tenant, scope)] = _ScopeState()
+        return state
+
+    def _check(
+        self, request: QuotaRequest, states: list[_ScopeState], now: float
+    ) -> Decision | None:
+        """The refusal with the longest wait among all failing limits, or None if all pass."""
+        worst: tuple[float, str, LimitName] | None = None
+        day, month = period_ids(now)
+        for scope, state in zip(request.scopes, states, strict=True):
+            state.prune(now, self._window)
+            for name, wait in self._failures(scope.limits, state, request, now, day, month):
+                if worst is None or wait > worst[0]:
+                    worst = (wait, scope.name, name)
+        if worst is None:
+            return None
+        return Decision(admitted=False, scope=worst[1], limit=worst[2], retry_after=worst[0])
+
+    def _failures(
+        self,
+        limits: Limits,
+        state: _ScopeState,
+        request: QuotaRequest,
+        now: float,
+        day: int,
+        month: int,
+    ) -> list[tuple[LimitName, float]]:
+        """Each failing limit of one scope with the seconds until it would pass."""
+        est = request.estimated_tokens
+        out: list[tuple[LimitName, float]] = []
+        if limits.rpm is not None and len(state.rpm_log) >= limits.rpm:
+            out.append(("rpm", self._rpm_wait(state, limits.rpm, now)))
+        if limits.tpm is not None and state.tpm_total + est > limits.tpm:
+            out.append(("tpm", self._tpm_wait(state, limits.tpm, est, now)))
+        if limits.concurrency is not None and len(state.leases) >= limits.concurrency:
+            state.prune_leases(now)
+            if len(state.leases) >= limits.concurrency:
+                first = min(state.leases.values(), default=now + CONCURRENCY_RETRY_HINT)
+                out.append(("concurrency", min(first - now, CONCURRENCY_RETRY_HINT)))
+        if limits.tokens_per_day is not None and (
+            state.days.get(day, 0) + est > limits.tokens_per_day
+        ):
+            out.append(("tokens_per_day", seconds_to_next_day(now)))
+        if limits.tokens_per_month is not None and (
+            state.months.get(month, 0) + est > limits.tokens_per_month
+        ):
+            out.append(("tokens_per_month", seconds_to_next_month(now)))
+        return out
+
+    def _rpm_wait(self, state: _ScopeState, rpm: int, now: float) -> float:
+        """When enough admissions leave the window for one more to fit."""
+        if rpm == 0:
+            return self._window
+        t = state.rpm_log[len(state.rpm_log) - rpm][0]
+        return t + self._window - now
+
+    def _tpm_wait(self, state: _ScopeState, tpm: int, est: int, now: float) -> float:
+        """When enough tokens leave the window for ``est`` more to fit (bounded scan)."""
+        if est > tpm or not state.tpm_log:
+            return self._window
+        need = state.tpm_total + est - tpm
+        at = now
+        for i, (t, rid) in enumerate(state.tpm_log):
+            need -= state.tpm_tokens.get(rid, 0)
+            at = t
+            if need <= 0 or i + 1 >= RETRY_SCAN:
+                break
+        return at + self._window - now
+
+    def _apply(self, request: QuotaRequest, states: list[_ScopeState], now: float) -> Reservation:
+        rid, est = request.request_id, request.estimated_tokens
+        day, month = period_ids(now)
+        for scope, state in zip(request.scopes, states, strict=True):
+            limits = scope.limits
+            if limits.rpm is not None:
+                state.rpm_log.append((now, rid))
+            if limits.tpm is not None:
+                state.tpm_log.append((now, rid))
+                state.tpm_tokens[rid] = est
+                state.tpm_total += est
+            if limits.concurrency is not None:
+                state.leases[rid] = now + request.lease_ttl
+            if limits.tokens_per_day is not None:
+                state.days[day] = state.days.get(day, 0) + est
+            if limits.tokens_per_month is not None:
+                state.months[month] = state.months.get(month, 0) + est
+        reservation = Reservation(
+            request_id=rid,
+            tenant=request.tenant,
+            scopes=request.scopes,
+            estimated_tokens=est,
+            lease_ttl=request.lease_ttl,
+            expires_at=now + request.lease_ttl,
+            origin="memory",
+        )
+        expires = now + max(self._record_ttl, 2 * request.lease_ttl)
+        self._records[(request.tenant, rid)] = _Record(reservation, day, month, expires)
+        return reservation
+
+    def _settle_scope(
+        self, state: _ScopeState, limits: Limits, record: _Record, rid: str, delta: int, now: float
+    ) -> None:
+        state.leases.pop(rid, None)
+        if limits.tpm is not None:
+            state.prune(now, self._window)
+            if rid in state.tpm_tokens:
+                state.tpm_tokens[rid] += delta
+                state.tpm_total += delta
+            elif delta > 0:  # the estimate already left the window: charge the overshoot now
+                state.tpm_log.append((now, rid))
+                state.tpm_tokens[rid] = delta
+                state.tpm_total += delta
+        if limits.tokens_per_day is not None and record.day in state.days:
+            state.days[record.day] += delta
+        if limits.tokens_per_month is not None and record.month in state.months:
+            state.months[record.month] += delta
+
+    def _maybe_sweep(self, now: float) -> None:
+        """Every few thousand calls forget expired records, old periods and idle scopes."""
+        self._ops += 1
+        if self._ops % _SWEEP_EVERY:
+            return
+        for k in [k for k, r in self._records.items() if r.expires <= now]:
+            del self._records[k]
+        day, month = period_ids(now)
+        yesterday, _ = period_ids(now - 86400)
+        for key, state in list(self._scopes.items()):
+            state.prune(now, self._window)
+            state.prune_leases(now)
+            for d in [d for d in state.days if d not in (day, yesterday)]:
+                del state.days[d]
+            last_month = month - 1 if month % 100 != 1 else month - 89  # Jan -> Dec of last year
+            for m in [m for m in state.months if m not in (month, last_month)]:
+                del state.months[m]
+            if state.empty:
+                del self._scopes[key]

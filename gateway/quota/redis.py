@@ -1,0 +1,314 @@
+"""The Redis quota store: exact limits shared by every replica, one round trip per step.
+
+``reserve``, ``renew`` and ``settle`` each run one Lua script (``scripts.py``) with one
+``EVALSHA``; the scripts are hashed once here and loaded on the first ``NOSCRIPT`` (after a
+Redis restart too). Works with ``redis.asyncio.Redis`` and ``redis.asyncio.cluster.RedisCluster``:
+all keys of a call share the tenant's hash tag, so they live in one slot.
+
+Failure handling: every call is bounded by ``deadline`` (on top of the client's socket
+timeouts and with redis-py's own retries switched off by ``from_url``), and after a failure the
+store backs off (``backoff.py``) and raises ``QuotaBackingOff`` at once instead of waiting on a
+dead server. Every redis-py error leaves as a ``QuotaError`` (``map_redis_error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from gateway.quota.backoff import Backoff
+from gateway.quota.base import WINDOW, Decision, QuotaStore, Reservation, Usage
+from gateway.quota.errors import (
+    QuotaBackingOff,
+    QuotaConnectError,
+    QuotaError,
+    QuotaStoreError,
+    QuotaTimeout,
+)
+from gateway.quota.keys import record_key, scope_key
+from gateway.quota.limits import LIMIT_NAMES
+from gateway.quota.memory import RECORD_TTL
+from gateway.quota.scripts import RENEW, RESERVE, SETTLE, USAGE
+
+if TYPE_CHECKING:
+    from gateway.quota.base import QuotaRequest
+    from gateway.quota.limits import Scope
+
+__all__ = ["RedisClient", "RedisQuotaStore", "map_redis_error"]
+
+RedisClient = Redis | RedisCluster
+
+_OUTAGE_ERRORS = (
+    RedisConnectionError,  # includes BusyLoadingError (LOADING)
+    RedisTimeoutError,
+    ClusterDownError,
+    TryAgainError,
+    ReadOnlyError,
+    OutOfMemoryError,
+    RedisClusterException,
+    OSError,
+    TimeoutError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Script:
+    source: str
+    sha: str
+
+    @classmethod
+    def of(cls, source: str) -> _Script:
+        return cls(source, hashlib.sha1(source.encode()).hexdigest())
+
+
+def map_redis_error(exc: BaseException) -> QuotaError:
+    """The most specific quota error for a redis-py (or socket) failure."""
+    if isinstance(exc, RedisTimeoutError | TimeoutError):
+        return QuotaTimeout(f"Redis did not answer in time: {exc!r}")
+    if isinstance(exc, RedisConnectionError | OSError) and not isinstance(exc, BusyLoadingError):
+        return QuotaConnectError(f"Redis connection failed: {exc!r}")
+    return QuotaStoreError(f"Redis answered with an error: {exc!r}")
+
+
+@lru_cache(maxsize=4096)
+def _wire(scopes: tuple[Scope, ...]) -> str:
+    """The limits of all scopes as one script argument: ``r,t,c,d,m,`` per scope, -1 = unset.
+
+    One argument rather than five per scope: encoding arguments is most of redis-py's cost.
+    """
+    return "".join(f"{-1 if v is None else v}," for s in scopes for v in s.limits.values())
+
+
+class RedisQuotaStore(QuotaStore):
+    """Quota counters in Redis (or Redis Cluster), exact across processes and replicas.
+
+    Args:
+        client: a ``Redis`` or ``RedisCluster`` client; build one with ``from_url`` to get
+            bounded timeouts and no hidden retries.
+        deadline: upper bound of one call, seconds, whatever the client does.
+        window: rolling window of rpm/tpm in seconds (60; shorter in tests).
+        record_ttl: how long an unrenewed reservation stays settleable.
+        backoff: pause policy after failures.
+        owns_client: close the client in ``aclose``.
+    """
+
+    __slots__ = (
+        "_backoff",
+        "_client",
+        "_deadline",
+        "_owns_client",
+        "_record_ttl",
+        "_renew",
+        "_reserve",
+        "_settle",
+        "_usage",
+        "_window",
+        "_window_us",
+    )
+
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        deadline: float = 0.25,
+        window: float = WINDOW,
+        record_ttl: float = RECORD_TTL,
+        backoff: Backoff | None = None,
+        owns_client: bool = False,
+    ) -> None:
+        self._client = client
+        self._deadline = deadline
+        self._window = window
+        self._window_us = round(window * 1e6)
+        self._record_ttl = record_ttl
+        self._backoff = backoff or Backoff()
+        self._owns_client = owns_client
+        self._reserve = _Script.of(RESERVE)
+        self._settle = _Script.of(SETTLE)
+        self._renew = _Script.of(RENEW)
+        self._usage = _Script.of(USAGE)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        cluster: bool = False,
+        timeout: float = 0.25,
+        connect_timeout: float = 0.2,
+        socket_timeout: float | None = None,
+        max_connections: int = 256,
+        **kwargs: Any,
+    ) -> RedisQuotaStore:
+        """A store with its own client: bounded calls, no retries inside a call.
+
+        Args:
+            timeout: bound of one whole call (connect + EVALSHA, + SCRIPT LOAD after a
+                restart); becomes the store's ``deadline``.
+            connect_timeout: the socket connect timeout.
+            socket_timeout: redis-py's per-read/write timeout. Off by default: ``timeout``
+                already bounds the call, and redis-py implements this one with a task per
+                write (``asyncio.wait_for``), a fifth of the client's CPU per call.
+            kwargs: passed to the store.
+
+        redis-py's default retries would multiply the wait on a dead server; the store's
+        back-off replaces them. A cancelled call drops its connection (redis-py does that), so
+        a late reply can never be read by the next caller.
+        """
+        options: dict[str, Any] = {
+            "socket_connect_timeout": min(connect_timeout, timeout),
+            "socket_timeout": socket_timeout,
+            "retry": Retry(NoBackoff(), 0),
+            "max_connections": max_connections,
+        }
+        client: RedisClient
+        if cluster:
+            client = RedisCluster.from_url(url, **options)
+        else:
+            client = Redis.from_url(url, health_check_interval=0, **options)
+        kwargs.setdefault("deadline", timeout)
+        return cls(client, owns_client=True, **kwargs)
+
+    def __repr__(self) -> str:
+        kind = "cluster" if isinstance(self._client, RedisCluster) else "redis"
+        return f"<RedisQuotaStore [{kind} | {self._backoff!r}]>"
+
+    @property
+    def client(self) -> RedisClient:
+        return self._client
+
+    # -- the steps ------------------------------------------------------------------------
+
+    async def reserve(self, request: QuotaRequest) -> Decision:
+        scopes = request.scopes
+        keys = [record_key(request.tenant, request.request_id)]
+        args: list[int | str] = [
+            request.request_id,
+            request.estimated_tokens,
+            round(request.lease_ttl * 1e6),
+            self._window_us,
+            self._record_ttl_ms(request.lease_ttl),
+            _wire(scopes),
+        ]
+        keys.extend(scope_key(request.tenant, scope.name) for scope in scopes)
+        reply = await self._run(self._reserve, keys, args)
+        if reply[0] == 0:
+            return Decision(
+                admitted=False,
+                scope=scopes[int(reply[1]) - 1].name,
+                limit=LIMIT_NAMES[int(reply[2]) - 1],
+                retry_after=max(0, int(reply[3])) / 1e6,
+            )
+        reservation = Reservation(
+            request_id=request.request_id,
+            tenant=request.tenant,
+            scopes=scopes,
+            estimated_tokens=request.estimated_tokens,
+            lease_ttl=request.lease_ttl,
+            expires_at=int(reply[2]) / 1e6,
+            origin="redis",
+        )
+        return Decision(admitted=True, reservation=reservation)
+
+    async def renew(self, reservation: Reservation) -> bool:
+        keys = self._keys(reservation.tenant, reservation.request_id, reservation.scopes)
+        args = [
+            reservation.request_id,
+            round(reservation.lease_ttl * 1e6),
+            self._record_ttl_ms(reservation.lease_ttl),
+        ]
+        return int(await self._run(self._renew, keys, args)) == 1
+
+    async def settle(self, reservation: Reservation, actual_tokens: int) -> bool:
+        keys = self._keys(reservation.tenant, reservation.request_id, reservation.scopes)
+        args = [reservation.request_id, max(0, actual_tokens), self._window_us]
+        return int(await self._run(self._settle, keys, args)) == 1
+
+    async def usage(self, tenant: str, scope: str) -> Usage:
+        reply = await self._run(self._usage, [scope_key(tenant, scope)], [self._window_us])
+        requests, tokens, in_flight, today, month = (int(v) for v in reply)
+        return Usage(
+            requests=requests,
+            tokens=tokens,
+            in_flight=in_flight,
+            tokens_today=today,
+            tokens_this_month=month,
+        )
+
+    async def ping(self) -> None:
+        """Check Redis answers, ignoring the back-off; a success ends it."""
+        try:
+            async with asyncio.timeout(self._deadline):
+                await self._client.execute_command("PING")
+        except (*_OUTAGE_ERRORS, RedisError) as exc:
+            self._backoff.failure()
+            raise map_redis_error(exc) from exc
+        self._backoff.success()
+
+    async def load_scripts(self) -> None:
+        """Load the scripts now (at startup) rather than on the first ``NOSCRIPT``."""
+        for script in (self._reserve, self._settle, self._renew, self._usage):
+            try:
+                async with asyncio.timeout(self._deadline):
+                    await self._client.script_load(script.source)
+            except (*_OUTAGE_ERRORS, RedisError) as exc:
+                raise map_redis_error(exc) from exc
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    # -- one round trip -------------------------------------------------------------------
+
+    def _keys(self, tenant: str, request_id: str, scopes: tuple[Scope, ...]) -> list[str]:
+        return [record_key(tenant, request_id), *(scope_key(tenant, s.name) for s in scopes)]
+
+    def _record_ttl_ms(self, lease_ttl: float) -> int:
+        return round(max(self._record_ttl, 2 * lease_ttl) * 1000)
+
+    async def _run(self, script: _Script, keys: list[str], args: list[Any]) -> Any:
+        """EVALSHA once (plus a load on ``NOSCRIPT``), bounded, with errors translated."""
+        if not self._backoff.allow():
+            raise QuotaBackingOff("Redis failed moments ago; backing off before the next try")
+        try:
+            async with asyncio.timeout(self._deadline):
+                try:
+                    reply = await self._client.execute_command(
+                        "EVALSHA", script.sha, len(keys), *keys, *args
+                    )
+                except NoScriptError:
+                    await self._client.script_load(script.source)
+                    reply = await self._client.execute_command(
+                        "EVALSHA", script.sha, len(keys), *keys, *args
+                    )
+        except _OUTAGE_ERRORS as exc:
+            self._backoff.failure()
+            raise map_redis_error(exc) from exc
+        except ResponseError as exc:  # a script error: a bug, not an outage; no back-off
+            raise map_redis_error(exc) from exc
+        except RedisError as exc:
+            self._backoff.failure()
+            raise map_redis_error(exc) from exc
+        self._backoff.success()
+        return reply
