@@ -30,6 +30,13 @@ __all__ = ["Gateway", "Runtime"]
 _log = logging.getLogger("gateway.runtime")
 
 
+def _without_none(value: Any) -> Any:
+    """Unset optional fields are None in the policy model; the price table wants them absent."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    return value
+
+
 class Runtime:
     """Keys, models and router of one policy."""
 
@@ -42,7 +49,7 @@ class Runtime:
         self.timeouts = {
             c.name: c.timeouts or policy.server.timeouts for c in policy.classes
         }
-        self.prices = PriceTable.from_mapping(msgspec.to_builtins(policy.prices))
+        self.prices = PriceTable.from_mapping(_without_none(msgspec.to_builtins(policy.prices)))
 
     def __repr__(self) -> str:
         return f"<Runtime [pools: {len(self.router.pools)} | models: {len(self.models)}]>"

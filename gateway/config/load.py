@@ -179,6 +179,11 @@ def _validate_routing(policy: Policy, source: str, pools: set[str]) -> None:
     for name in policy.prices.models:
         if name not in names:
             raise PolicyError(source, f"$.prices.models.{name}", f"unknown model {name!r}")
+    for tenant, overrides in policy.prices.tenants.items():
+        for name in overrides:
+            if name not in policy.prices.models:
+                raise PolicyError(source, f"$.prices.tenants.{tenant}.{name}",
+                                  f"model {name!r} has no price in prices.models to override")
 
 
 def key_hashes(policy: Policy) -> dict[str, str]:

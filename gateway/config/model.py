@@ -158,6 +158,15 @@ class Price(_Base, frozen=True):
     batch_factor: Amount | None = None
 
 
+class PriceOverride(_Base, frozen=True):
+    """A tenant's override of some of a model's prices; the rest come from the model's."""
+
+    input: Amount | None = None
+    output: Amount | None = None
+    cached_input: Amount | None = None
+    batch_factor: Amount | None = None
+
+
 class Prices(_Base, frozen=True):
     """Prices by public model name, with optional per-tenant overrides."""
 
@@ -166,7 +175,7 @@ class Prices(_Base, frozen=True):
     batch_factor: Amount | None = None
     models: dict[str, Price] = msgspec.field(default_factory=dict)
     #: tenant -> model -> price (fields not given fall back to the model's price)
-    tenants: dict[str, dict[str, Price]] = msgspec.field(default_factory=dict)
+    tenants: dict[str, dict[str, PriceOverride]] = msgspec.field(default_factory=dict)
 
 
 class Model(_Base, frozen=True):
