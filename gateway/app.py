@@ -199,5 +199,9 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
 
 def app_from_env() -> Litestar:
     """Factory for worker processes: the policy path comes from ``GATEWAY_CONFIG``."""
+    import logging
+
+    if not logging.getLogger().handlers:  # structured logging replaces this when configured
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
     source = os.environ[CONFIG_ENV]
     return create_app(load_policy(source), source)

@@ -108,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(sim)
     sim.set_defaults(func=_cmd_sim)
 
+    from gateway.cli_keys import add_keys_parser
+
+    add_keys_parser(sub)
+
     demo = sub.add_parser(
         "demo",
         help="run the gateway with simulated pools on embedded defaults",

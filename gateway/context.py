@@ -25,6 +25,7 @@ class RequestContext:
     endpoint: str
     started_ns: int = field(default_factory=time.perf_counter_ns)
     key_id: str | None = None
+    tenant: str | None = None
     request_model: str | None = None  # gen_ai.request.model (the public name)
     upstream_model: str | None = None  # the name sent to the backend
     stream: bool = False

@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import msgspec
 from typing import TYPE_CHECKING, Any
 
 from gateway.accounting import PriceTable, PromptCounter
 from gateway.auth import StaticKeys
+from gateway.auth.keystore import KeyStore
+from gateway.auth.manage import open_keystore
+from gateway.auth.resolver import KeyResolver
 from gateway.config import key_hashes, load_policy
 from gateway.routing.router import Router
 from gateway.upstream.base import make_upstream
 from gateway.upstream.monitors import Monitors
 
 if TYPE_CHECKING:
-    from gateway.config import ApiKey, Model, Policy
+    from gateway.config import ApiKey, Model, Plan, Policy, Tenant
 
 __all__ = ["Gateway", "Runtime"]
 
@@ -40,10 +44,19 @@ def _without_none(value: Any) -> Any:
 class Runtime:
     """Keys, models and router of one policy."""
 
-    def __init__(self, policy: Policy, previous: Runtime | None = None) -> None:
+    def __init__(
+        self, policy: Policy, previous: Runtime | None = None, keystore: KeyStore | None = None
+    ) -> None:
         self.policy = policy
         self.keys = StaticKeys(key_hashes(policy), required=policy.auth.required)
         self.key_configs: dict[str, ApiKey] = {k.id: k for k in policy.auth.keys}
+        secret = os.environ.get(policy.auth.key_secret_env)
+        self.resolver = KeyResolver(
+            self.keys, self.key_configs, keystore, secret.encode() if secret else None,
+            policy.auth.cache_ttl,
+        )
+        self.tenants: dict[str, Tenant] = {t.name: t for t in policy.tenants}
+        self.plans: dict[str, Plan] = {p.name: p for p in policy.plans}
         self.models: dict[str, Model] = {m.name: m for m in policy.models}
         self.router: Router = Router(policy, previous.router if previous is not None else None)
         self.timeouts = {
@@ -63,7 +76,10 @@ class Gateway:
         self.upstream = make_upstream(
             server.upstream_client, server.timeouts, server.keepalive_per_backend
         )
-        self.runtime = Runtime(policy)
+        self.keystore: KeyStore | None = None
+        if policy.store.keys_file is not None or os.environ.get(policy.store.redis_url_env):
+            self.keystore = open_keystore(policy)
+        self.runtime = Runtime(policy, keystore=self.keystore)
         self.source = source  # the policy path, for reloads
         # per-encoding counters with their history caches, kept across policy reloads
         self.counters: dict[str, PromptCounter] = {}
@@ -90,6 +106,8 @@ class Gateway:
         for task in list(self.shadow_tasks):
             task.cancel()
         await self.upstream.close()
+        if self.keystore is not None:
+            await self.keystore.aclose()
 
     async def reload(self, policy: Policy | None = None) -> Runtime:
         """Swap in a new policy (re-read from ``source`` when none is given).
@@ -101,7 +119,7 @@ class Gateway:
                 if self.source is None:
                     raise RuntimeError("no policy source to reload from")
                 policy = load_policy(self.source)
-            runtime = Runtime(policy, self.runtime)
+            runtime = Runtime(policy, self.runtime, self.keystore)
             monitors = Monitors(list(runtime.router.pools.values()), self.upstream)
             old = self._monitors
             self.runtime = runtime  # the atomic swap

@@ -11,13 +11,15 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from litestar import Request, Response, post
+from litestar import Request, Response, get, post
 
 from gateway.api.shadow import STATS as SHADOW_STATS
 from gateway.config import PolicyError
-from gateway.errors import AuthenticationFailed, RouteNotFound
+from gateway.auth.manage import KeyAdminError, create_key, parse_expiry, public_view
+from gateway.errors import AuthenticationFailed, InvalidRequest, RouteNotFound
 
 if TYPE_CHECKING:
+    from gateway.auth.keystore import KeyStore
     from gateway.runtime import Gateway
 
 __all__ = ["ADMIN_TOKEN_ENV", "admin_handlers", "reload_logged"]
@@ -88,4 +90,45 @@ def admin_handlers(gateway: Gateway) -> list[Any]:
             "reloads": gateway.reloads,
         }
 
-    return [reload, stats]
+    @post("/admin/keys", status_code=201)
+    async def create(request: Request[Any, Any, Any]) -> dict[str, Any]:
+        _check_admin(request)
+        store = _store(gateway)
+        body = await request.json()
+        if not isinstance(body, dict) or not isinstance(body.get("tenant"), str):
+            raise InvalidRequest("'tenant' is a required string", param="tenant")
+        try:
+            record, key = await create_key(
+                store, gateway.runtime.policy, body["tenant"], name=str(body.get("name", "")),
+                expires=parse_expiry(body.get("expires")),
+                default_class=body.get("default_class"),
+                allow_class_header=bool(body.get("allow_class_header", False)),
+            )
+        except KeyAdminError as exc:
+            raise InvalidRequest(str(exc)) from None
+        _log.info("admin: key %s created for tenant %s", record.id, record.tenant)
+        return {**public_view(record), "key": key}
+
+    @get("/admin/keys")
+    async def list_keys(request: Request[Any, Any, Any], tenant: str | None = None
+                        ) -> list[dict[str, Any]]:
+        _check_admin(request)
+        _log.info("admin: keys listed (tenant=%s)", tenant)
+        return [public_view(r) for r in await _store(gateway).list(tenant)]
+
+    @post("/admin/keys/{key_id:str}/revoke", status_code=200)
+    async def revoke(request: Request[Any, Any, Any], key_id: str) -> dict[str, Any]:
+        _check_admin(request)
+        record = await _store(gateway).revoke(key_id)
+        if record is None:
+            raise RouteNotFound(f"no key with id {key_id!r}")
+        _log.info("admin: key %s of tenant %s revoked", record.id, record.tenant)
+        return public_view(record)
+
+    return [reload, stats, create, list_keys, revoke]
+
+
+def _store(gateway: Gateway) -> KeyStore:
+    if gateway.keystore is None:
+        raise InvalidRequest("no key store configured (set $GATEWAY_REDIS_URL or store.keys_file)")
+    return gateway.keystore

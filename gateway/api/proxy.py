@@ -45,6 +45,7 @@ from gateway.upstream.headers import request_headers
 
 if TYPE_CHECKING:
     from gateway.api.parse import Endpoint, ParsedRequest
+    from gateway.auth.resolver import Identity
     from gateway.config import Model
     from gateway.routing.router import Router
     from gateway.runtime import Gateway, Runtime
@@ -133,11 +134,11 @@ class ProxyHandler:
                 )
             if self.gateway.draining:
                 raise ServerShuttingDown("the gateway is shutting down; retry on another replica")
-            self._authenticate(runtime, scope, ctx)
+            identity = await self._authenticate(runtime, scope, ctx)
             body = await read_body(scope, receive, runtime.policy.server.max_body_bytes)
             parsed = parse_request(body, self.endpoint)
             watch = _Watch(receive, asyncio.get_running_loop())
-            await self._proxy(runtime, scope, ctx, parsed, body, send, id_header)
+            await self._proxy(runtime, identity, scope, ctx, parsed, body, send, id_header)
         except GatewayError as exc:
             ctx.outcome, ctx.status, ctx.error = "rejected", exc.status, exc.message
             if not ctx.response_started:
@@ -157,18 +158,25 @@ class ProxyHandler:
             if watch is not None:
                 watch.stop()
 
-    def _authenticate(self, runtime: Runtime, scope: Scope, ctx: RequestContext) -> None:
-        keys = runtime.keys
-        key_id = keys.identify(bearer_token(get_header(scope, b"authorization")))
-        if key_id is None and keys.required:
-            raise AuthenticationFailed(
-                "Invalid API key. Pass a valid key as 'Authorization: Bearer <key>'."
-            )
-        ctx.key_id = key_id
+    async def _authenticate(
+        self, runtime: Runtime, scope: Scope, ctx: RequestContext
+    ) -> Identity | None:
+        token = bearer_token(get_header(scope, b"authorization"))
+        identity = await runtime.resolver.identify(token)
+        if identity is None:
+            if runtime.keys.required:
+                raise AuthenticationFailed(
+                    "Invalid API key. Pass a valid key as 'Authorization: Bearer <key>'."
+                )
+            ctx.tenant = "anonymous"
+            return None
+        ctx.key_id, ctx.tenant = identity.key_id, identity.tenant
+        return identity
 
     async def _proxy(
         self,
         runtime: Runtime,
+        identity: Identity | None,
         scope: Scope,
         ctx: RequestContext,
         parsed: ParsedRequest,
@@ -185,13 +193,16 @@ class ProxyHandler:
             )
         ctx.request_model = parsed.model
         ctx.stream = parsed.stream
-        key = runtime.key_configs.get(ctx.key_id) if ctx.key_id else None
         header = get_header(scope, b"x-request-class")
         router = runtime.router
+        tenant = runtime.tenants.get(ctx.tenant or "")
         class_name = resolve_class(
             runtime.policy.routing, router.classes,
-            header.decode("latin-1") if header else None, key, parsed.model,
-            self.endpoint.path, parsed.payload, parsed.stream,
+            header.decode("latin-1") if header else None,
+            identity is not None and identity.allow_class_header,
+            identity.default_class if identity else None,
+            tenant.default_class if tenant else None,
+            parsed.model, self.endpoint.path, parsed.payload, parsed.stream,
         )
         route = router.route(model, class_name, _sticky_key(model.sticky, ctx, parsed),
                              _affinity_key(parsed) if _wants_affinity(router, model) else None)
@@ -223,16 +234,16 @@ class ProxyHandler:
             forwarded.response.close()
             _settle_backend(forwarded, ctx)
             forwarded.pool.release(forwarded.backend)
-            ctx.usage = self._account(runtime, model, parsed, forwarded, scanner, class_name)
+            ctx.usage = self._account(runtime, ctx, model, parsed, forwarded, scanner)
 
     def _account(
         self,
         runtime: Runtime,
+        ctx: RequestContext,
         model: Model,
         parsed: ParsedRequest,
         forwarded: Forwarded,
         scanner: StreamScanner | None,
-        class_name: str,
     ) -> TokenUsage:
         """Tokens by kind and their cost, after the response (off the latency path)."""
         counter = self.gateway.counter(model.encoding)
@@ -243,8 +254,8 @@ class ProxyHandler:
             split = counter.count_embedding(parsed.payload)
         else:
             split = counter.count_completion(parsed.payload)
-        price = runtime.prices.lookup(model.name, None)  # tenant overrides: with tenants
-        batch = class_name == "batch"
+        price = runtime.prices.lookup(model.name, ctx.tenant)
+        batch = ctx.request_class == "batch"
         if scanner is not None:
             return account_stream(split, scanner, counter, price=price, batch=batch,
                                   remember_reply=operation == "chat")

@@ -137,8 +137,11 @@ def validate(policy: Policy, source: str = "<policy>") -> None:
     for i, key in enumerate(policy.auth.keys):
         if (key.sha256 is None) == (key.key_env is None):
             raise PolicyError(source, f"$.auth.keys[{i}]", "give exactly one of sha256 or key_env")
-    if policy.auth.required and not policy.auth.keys:
-        raise PolicyError(source, "$.auth.keys", "auth.required is true but no key is configured")
+    managed = policy.store.keys_file is not None or bool(os.environ.get(policy.store.redis_url_env))
+    if policy.auth.required and not policy.auth.keys and not managed:
+        raise PolicyError(source, "$.auth.keys", "auth.required is true but no key is configured"
+                          " (no static keys, no keys_file, no Redis for managed keys)")
+    _validate_tenants(policy, source)
 
 
 def _validate_routing(policy: Policy, source: str, pools: set[str]) -> None:
@@ -184,6 +187,24 @@ def _validate_routing(policy: Policy, source: str, pools: set[str]) -> None:
             if name not in policy.prices.models:
                 raise PolicyError(source, f"$.prices.tenants.{tenant}.{name}",
                                   f"model {name!r} has no price in prices.models to override")
+
+
+def _validate_tenants(policy: Policy, source: str) -> None:
+    _unique([p.name for p in policy.plans], source, "plans")
+    _unique([t.name for t in policy.tenants], source, "tenants")
+    plans = {p.name for p in policy.plans}
+    classes = {c.name for c in policy.classes}
+    for i, tenant in enumerate(policy.tenants):
+        if tenant.plan not in plans:
+            raise PolicyError(source, f"$.tenants[{i}].plan", f"unknown plan {tenant.plan!r}")
+        if tenant.default_class is not None and tenant.default_class not in classes:
+            raise PolicyError(source, f"$.tenants[{i}].default_class",
+                              f"unknown class {tenant.default_class!r}")
+    models = {m.name for m in policy.models}
+    for i, plan in enumerate(policy.plans):
+        for name in plan.models:
+            if name not in models:
+                raise PolicyError(source, f"$.plans[{i}].models.{name}", f"unknown model {name!r}")
 
 
 def key_hashes(policy: Policy) -> dict[str, str]:

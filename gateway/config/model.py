@@ -19,6 +19,8 @@ __all__ = [
     "Borrow",
     "Health",
     "Model",
+    "LimitSet",
+    "Plan",
     "Policy",
     "Pool",
     "Price",
@@ -30,6 +32,8 @@ __all__ = [
     "Server",
     "Shadow",
     "Signals",
+    "Store",
+    "Tenant",
     "Timeouts",
     "Version",
 ]
@@ -287,6 +291,63 @@ class Server(_Base, frozen=True):
     upstream_client: Literal["native", "aiohttp"] = "native"
 
 
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+TenantName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")]
+
+
+class LimitSet(_Base, frozen=True):
+    """Quota limits; an absent limit is unlimited."""
+
+    #: requests in any rolling 60 s window
+    rpm: NonNegInt | None = None
+    #: input + output tokens in any rolling 60 s window
+    tpm: NonNegInt | None = None
+    #: requests in flight at once
+    concurrency: NonNegInt | None = None
+    #: input + output tokens per UTC day / month
+    tokens_per_day: NonNegInt | None = None
+    tokens_per_month: NonNegInt | None = None
+
+
+class Plan(_Base, frozen=True):
+    """Limits a tenant gets; ``models`` adds per-model limits inside the tenant's."""
+
+    name: Name
+    limits: LimitSet = msgspec.field(default_factory=LimitSet)
+    models: dict[str, LimitSet] = msgspec.field(default_factory=dict)
+
+
+class Tenant(_Base, frozen=True):
+    """A customer of the gateway: its plan and defaults."""
+
+    name: TenantName
+    plan: Name
+    #: the class of this tenant's requests unless a key, header or rule says otherwise
+    default_class: Name | None = None
+    #: record prompt and completion text in traces (off unless turned on per tenant)
+    record_content: bool = False
+
+
+class Store(_Base, frozen=True):
+    """Where shared state lives: Redis when a URL is configured, else in this process."""
+
+    #: environment variable holding the Redis URL (redis:// or rediss://); unset = embedded
+    redis_url_env: str = "GATEWAY_REDIS_URL"
+    #: Redis Cluster instead of a single Redis
+    cluster: bool = False
+    #: on a Redis outage: "open" falls back to local limits (each process's share), "closed"
+    #: answers 503
+    outage: Literal["open", "closed"] = "open"
+    #: no request waits on Redis longer than this, in seconds
+    timeout: PositiveFloat = 0.25
+    #: gateway processes sharing the limits (each gets 1/processes of them when failing open)
+    processes: PositiveInt = 1
+    #: where managed API keys live without Redis (a JSON file); default: no managed keys
+    keys_file: str | None = None
+    #: the local spool for usage records when Redis is away (and the ledger without Redis)
+    spool_dir: str = "./gateway-spool"
+
+
 class ApiKey(_Base, frozen=True):
     """A static API key, stored only as the sha256 of the key (or read from an env variable)."""
 
@@ -297,6 +358,10 @@ class ApiKey(_Base, frozen=True):
     default_class: Name | None = None
     #: may this key choose its class with the X-Request-Class header
     allow_class_header: bool = False
+    #: the tenant this key belongs to (default: "default")
+    tenant: TenantName = "default"
+    #: the key's own limits, inside its tenant's
+    limits: LimitSet | None = None
 
 
 class Auth(_Base, frozen=True):
@@ -305,6 +370,10 @@ class Auth(_Base, frozen=True):
     #: when false, requests without a key are served (a local demo or a trusted sidecar)
     required: bool = True
     keys: list[ApiKey] = msgspec.field(default_factory=list)
+    #: seconds a managed key's lookup is cached: a revocation takes effect within this bound
+    cache_ttl: Annotated[float, msgspec.Meta(ge=0, le=10)] = 2.0
+    #: environment variable with the secret that keys managed API keys' hashes (HMAC-SHA256)
+    key_secret_env: str = "GATEWAY_KEY_SECRET"
 
 
 class Policy(_Base, frozen=True):
@@ -318,3 +387,6 @@ class Policy(_Base, frozen=True):
     pools: list[Pool] = msgspec.field(default_factory=list)
     models: list[Model] = msgspec.field(default_factory=list)
     prices: Prices = msgspec.field(default_factory=Prices)
+    plans: list[Plan] = msgspec.field(default_factory=list)
+    tenants: list[Tenant] = msgspec.field(default_factory=list)
+    store: Store = msgspec.field(default_factory=Store)

@@ -1,7 +1,7 @@
 """Which class a request belongs to: a pure function of the request and the policy.
 
 In order: the ``X-Request-Class`` header (only if the key may set it), the key's default, the
-first matching route rule, the configured default.
+tenant's default, the first matching route rule, the configured default.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gateway.config import ApiKey, RouteRule, Routing
+    from gateway.config import Routing, RouteRule
 
 __all__ = ["resolve_class"]
 
@@ -38,17 +38,21 @@ def resolve_class(
     routing: Routing,
     known: Any,
     header: str | None,
-    key: ApiKey | None,
+    allow_header: bool,
+    key_default: str | None,
+    tenant_default: str | None,
     model: str,
     endpoint: str,
     payload: dict[str, Any],
     stream: bool,
 ) -> str:
     """The request's class name. ``known`` is the set (or mapping) of declared class names."""
-    if header and header in known and (routing.class_header or (key and key.allow_class_header)):
+    if header and header in known and (routing.class_header or allow_header):
         return header
-    if key is not None and key.default_class:
-        return key.default_class
+    if key_default:
+        return key_default
+    if tenant_default:
+        return tenant_default
     for rule in routing.rules:
         if _matches(rule, model, endpoint, payload, stream):
             return rule.request_class

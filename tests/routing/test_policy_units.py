@@ -18,8 +18,11 @@ CLASSES = {"interactive", "batch"}
 
 def _resolve(routing: Routing, header: str | None = None, key: ApiKey | None = None,
              model: str = "m", endpoint: str = "/v1/chat/completions",
-             payload: dict[str, object] | None = None, stream: bool = False) -> str:
-    return resolve_class(routing, CLASSES, header, key, model, endpoint, payload or {}, stream)
+             payload: dict[str, object] | None = None, stream: bool = False,
+             tenant_default: str | None = None) -> str:
+    return resolve_class(routing, CLASSES, header, bool(key and key.allow_class_header),
+                         key.default_class if key else None, tenant_default, model, endpoint,
+                         payload or {}, stream)
 
 
 def test_class_order_header_key_rules_default() -> None:
@@ -34,6 +37,9 @@ def test_class_order_header_key_rules_default() -> None:
     assert _resolve(routing, header="batch", key=allowed) == "batch"
     assert _resolve(routing, header="nonsense", key=allowed) == "interactive"
     assert _resolve(routing, key=plain) == "batch"
+    assert _resolve(routing, tenant_default="batch") == "batch"
+    assert _resolve(routing, key=allowed, tenant_default="batch", header="interactive") == (
+        "interactive")
     assert _resolve(routing, model="bulk") == "batch"
     assert _resolve(routing, payload={"max_tokens": 4000}) == "batch"
     assert _resolve(routing, payload={"max_tokens": 4000}, stream=True) == "interactive"

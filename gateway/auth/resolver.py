@@ -1,0 +1,97 @@
+"""Who is calling: API key -> identity (key id, tenant, defaults, limits).
+
+Static keys from the policy are checked first (sha256 lookup); managed keys are looked up by
+their keyed hash in the key store, through a small cache that holds an entry (found or not) for
+at most ``auth.cache_ttl`` seconds - the bound on how long a revoked or expired key still works.
+Every failure - missing, malformed, unknown, revoked, expired - gets the same answer, and each
+costs one hash plus at most one store lookup, so timing says nothing about which it was.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.auth.keystore import digest_for
+from gateway.auth.static import KEY_PREFIX
+
+if TYPE_CHECKING:
+    from gateway.auth.keystore import KeyRecord, KeyStore
+    from gateway.auth.static import StaticKeys
+    from gateway.config import ApiKey, LimitSet
+
+__all__ = ["Identity", "KeyResolver"]
+
+_CACHE_MAX = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """The caller, as the rest of the pipeline sees it (never the key itself)."""
+
+    key_id: str
+    tenant: str
+    default_class: str | None = None
+    allow_class_header: bool = False
+    limits: dict[str, int] | None = None
+
+
+def _from_static(key: ApiKey) -> Identity:
+    limits: LimitSet | None = key.limits
+    return Identity(
+        key.id, key.tenant, key.default_class, key.allow_class_header,
+        None if limits is None else {
+            k: v for k, v in (
+                ("rpm", limits.rpm), ("tpm", limits.tpm), ("concurrency", limits.concurrency),
+                ("tokens_per_day", limits.tokens_per_day),
+                ("tokens_per_month", limits.tokens_per_month),
+            ) if v is not None
+        },
+    )
+
+
+def _from_record(record: KeyRecord) -> Identity:
+    return Identity(record.id, record.tenant, record.default_class, record.allow_class_header,
+                    record.limits)
+
+
+class KeyResolver:
+    """Static keys plus an optional managed key store behind a bounded, short-lived cache."""
+
+    def __init__(
+        self,
+        static: StaticKeys,
+        static_configs: dict[str, ApiKey],
+        store: KeyStore | None,
+        secret: bytes | None,
+        cache_ttl: float,
+    ) -> None:
+        self.static = static
+        self.static_identities = {k: _from_static(c) for k, c in static_configs.items()}
+        self.store = store if secret else None
+        self.secret = secret or b""
+        self.cache_ttl = cache_ttl
+        self._cache: dict[str, tuple[float, Identity | None]] = {}
+
+    async def identify(self, token: str | None) -> Identity | None:
+        if token is None:
+            return None
+        key_id = self.static.identify(token)
+        if key_id is not None:
+            return self.static_identities.get(key_id)
+        if self.store is None or not token.startswith(KEY_PREFIX):
+            return None
+        digest = digest_for(self.secret, token)
+        now = time.monotonic()
+        hit = self._cache.get(digest)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        record = await self.store.get(digest)
+        identity = (
+            _from_record(record) if record is not None and record.usable(time.time()) else None
+        )
+        if len(self._cache) >= _CACHE_MAX:
+            self._cache.clear()  # crude but bounded; refills within one TTL
+        self._cache[digest] = (now + self.cache_ttl, identity)
+        return identity
