@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from typing import TYPE_CHECKING, Any
 
 from gateway.accounting import PriceTable, PromptCounter
 from gateway.auth import StaticKeys

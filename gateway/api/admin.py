@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from litestar import Request, Response, get, post
 
 from gateway.api.shadow import STATS as SHADOW_STATS
-from gateway.config import PolicyError
 from gateway.auth.manage import KeyAdminError, create_key, parse_expiry, public_view
+from gateway.config import PolicyError
 from gateway.errors import AuthenticationFailed, InvalidRequest, RouteNotFound
 
 if TYPE_CHECKING:

@@ -41,7 +41,9 @@ def parse_expiry(text: str | None, now: float | None = None) -> float | None:
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        raise KeyAdminError(f"--expires: {text!r} is neither a duration (30d) nor ISO 8601") from None
+        raise KeyAdminError(
+            f"--expires: {text!r} is neither a duration (30d) nor ISO 8601"
+        ) from None
     if when.tzinfo is None:
         raise KeyAdminError("--expires: give a time zone (e.g. 2027-01-01T00:00:00+00:00)")
     return when.timestamp()

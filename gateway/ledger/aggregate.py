@@ -47,6 +47,9 @@ COUNTERS = (
 )
 GROUP_DIMENSIONS = frozenset({"day", "month", "model", "class", "batch"})
 
+#: day, month, model, class, batch; None where not grouped by
+_GroupKey = tuple[str | None, str | None, str | None, str | None, str | None]
+
 
 class UsageRow(msgspec.Struct, kw_only=True):
     """Totals of one group; a dimension not grouped by is None."""
@@ -151,7 +154,7 @@ def rows_from(
     if unknown:
         raise ValueError(f"cannot group usage by {sorted(unknown)}")
     dims = set(group_by)
-    groups: dict[tuple[str | None, ...], dict[str, int]] = {}
+    groups: dict[_GroupKey, dict[str, int]] = {}
     for period, fields in totals:
         month = period.label[:7]
         day = period.label if period.kind == "d" else None
@@ -168,16 +171,15 @@ def rows_from(
             group[counter] = group.get(counter, 0) + int(value)
     rows = []
     for key in sorted(groups, key=lambda k: tuple(v or "" for v in k)):
-        day, month, model, cls, batch = key
         sums = groups[key]
         rows.append(
             UsageRow(
                 tenant=tenant,
-                day=day,
-                month=month,
-                model=model,
-                request_class=cls,
-                batch_id=(batch or None) if batch is not None else None,
+                day=key[0],
+                month=key[1],
+                model=key[2],
+                request_class=key[3],
+                batch_id=key[4] or None,
                 **{c: sums.get(c, 0) for c in COUNTERS},
             )
         )

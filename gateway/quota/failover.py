@@ -192,7 +192,7 @@ class FailoverQuotaStore(QuotaStore):
             return
         self._degraded = True
         self.outages += 1
-        log.warning("quota: Redis unavailable (%s); fail-%s", exc, self._mode)
+        log.warning("quota: Redis unavailable (%s); fail-%s", exc.__cause__ or exc, self._mode)
         self._notify(True)
         if self._probe_task is None or self._probe_task.done():
             self._probe_task = asyncio.get_running_loop().create_task(self._probe())

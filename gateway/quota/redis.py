@@ -14,6 +14,7 @@ dead server. Every redis-py error leaves as a ``QuotaError`` (``map_redis_error`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -264,6 +265,10 @@ class RedisQuotaStore(QuotaStore):
         except (*_OUTAGE_ERRORS, RedisError) as exc:
             self._backoff.failure()
             raise map_redis_error(exc) from exc
+        if self._backoff.failing:
+            # Idle pooled connections may still point at the dead server (a fail-open store
+            # does not use them during an outage); without this each would fail once now.
+            await self._drop_idle_connections()
         self._backoff.success()
 
     async def load_scripts(self) -> None:
@@ -303,12 +308,24 @@ class RedisQuotaStore(QuotaStore):
                         "EVALSHA", script.sha, len(keys), *keys, *args
                     )
         except _OUTAGE_ERRORS as exc:
-            self._backoff.failure()
+            await self._fail()
             raise map_redis_error(exc) from exc
         except ResponseError as exc:  # a script error: a bug, not an outage; no back-off
             raise map_redis_error(exc) from exc
         except RedisError as exc:
-            self._backoff.failure()
+            await self._fail()
             raise map_redis_error(exc) from exc
         self._backoff.success()
         return reply
+
+    async def _fail(self) -> None:
+        """Start or lengthen the back-off; at the first failure drop the idle connections,
+        which most likely died with the server."""
+        if not self._backoff.failing:
+            await self._drop_idle_connections()
+        self._backoff.failure()
+
+    async def _drop_idle_connections(self) -> None:
+        if isinstance(self._client, Redis):  # RedisCluster re-discovers its nodes itself
+            with contextlib.suppress(Exception):
+                await self._client.connection_pool.disconnect(inuse_connections=False)

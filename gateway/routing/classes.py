@@ -10,7 +10,7 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gateway.config import Routing, RouteRule
+    from gateway.config import RouteRule, Routing
 
 __all__ = ["resolve_class"]
 

@@ -128,7 +128,9 @@ def test_admin_api(setup) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_admin_disabled_without_token(tmp_path: Path) -> None:
-    with SimServer("interactive", speedup=5) as sim:
-        with GatewayProcess(tmp_path, policy({"chat": [sim.url]})) as gw:
-            r = httpx.post(gw.url + "/admin/reload", headers={"Authorization": "Bearer x"})
-            assert r.status_code == 404
+    with (
+        SimServer("interactive", speedup=5) as sim,
+        GatewayProcess(tmp_path, policy({"chat": [sim.url]})) as gw,
+    ):
+        r = httpx.post(gw.url + "/admin/reload", headers={"Authorization": "Bearer x"})
+        assert r.status_code == 404
