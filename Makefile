@@ -16,7 +16,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[test,loadtest]"
+	$(BIN)/python -m pip install -q -e ".[test,loadtest,deploy]"
 	@touch $(STAMP)
 
 # redis-server for the quota and ledger tests (they start their own on a free port)
