@@ -45,6 +45,7 @@ class RequestContext:
     outcome: str = "pending"  # completed | failed | cancelled | rejected
     error: str | None = None
     usage: TokenUsage | None = None  # filled by accounting once the response is over
+    quota: str | None = None  # admitted | rejected:<limit> | unavailable (None: no limits)
 
     @property
     def ttft_ms(self) -> float | None:

@@ -34,6 +34,7 @@ __all__ = [
     "MethodNotAllowed",
     "ModelNotFound",
     "NoBackendAvailable",
+    "QuotaStoreUnavailable",
     "RateLimited",
     "RouteNotFound",
     "ServerShuttingDown",
@@ -138,6 +139,14 @@ class InternalError(GatewayError):
 
     status = 500
     type = "server_error"
+
+
+class QuotaStoreUnavailable(GatewayError):
+    """The shared quota store is away and the policy fails closed."""
+
+    status = 503
+    type = "api_error"
+    code = "quota_unavailable"
 
 
 class UpstreamTimeout(GatewayError):

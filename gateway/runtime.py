@@ -22,12 +22,13 @@ from gateway.auth.keystore import KeyStore
 from gateway.auth.manage import open_keystore
 from gateway.auth.resolver import KeyResolver
 from gateway.config import key_hashes, load_policy
+from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, RedisQuotaStore
 from gateway.routing.router import Router
 from gateway.upstream.base import make_upstream
 from gateway.upstream.monitors import Monitors
 
 if TYPE_CHECKING:
-    from gateway.config import ApiKey, Model, Plan, Policy, Tenant
+    from gateway.config import ApiKey, Model, Plan, Policy, Store, Tenant
 
 __all__ = ["Gateway", "Runtime"]
 
@@ -39,6 +40,23 @@ def _without_none(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _without_none(v) for k, v in value.items() if v is not None}
     return value
+
+
+def make_quota_store(store: Store) -> QuotaStore:
+    """Redis (exact across replicas, with the policy's outage mode) or this process only."""
+    url = os.environ.get(store.redis_url_env)
+    if not url:
+        return MemoryQuotaStore()
+    primary = RedisQuotaStore.from_url(url, cluster=store.cluster, timeout=store.timeout)
+
+    def on_change(degraded: bool) -> None:
+        if degraded:
+            _log.error("quota store: Redis unreachable, failing %s", store.outage)
+        else:
+            _log.info("quota store: Redis is back")
+
+    return FailoverQuotaStore(primary, mode=store.outage, local_share=1 / store.processes,
+                              on_change=on_change)
 
 
 class Runtime:
@@ -76,6 +94,7 @@ class Gateway:
         self.upstream = make_upstream(
             server.upstream_client, server.timeouts, server.keepalive_per_backend
         )
+        self.quota = make_quota_store(policy.store)
         self.keystore: KeyStore | None = None
         if policy.store.keys_file is not None or os.environ.get(policy.store.redis_url_env):
             self.keystore = open_keystore(policy)
@@ -108,6 +127,7 @@ class Gateway:
         await self.upstream.close()
         if self.keystore is not None:
             await self.keystore.aclose()
+        await self.quota.aclose()
 
     async def reload(self, policy: Policy | None = None) -> Runtime:
         """Swap in a new policy (re-read from ``source`` when none is given).

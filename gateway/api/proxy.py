@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import os
 import re
 import time
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from gateway.accounting import (
+    PromptSplit,
     StreamScanner,
     TokenUsage,
     account_body,
@@ -37,8 +39,12 @@ from gateway.errors import (
     InternalError,
     MethodNotAllowed,
     ModelNotFound,
+    QuotaStoreUnavailable,
+    RateLimited,
     ServerShuttingDown,
 )
+from gateway.quota import QuotaRequest, QuotaUnavailable
+from gateway.quota.admission import Admission, scopes_for
 from gateway.routing.classes import resolve_class
 from gateway.upstream.forward import forward
 from gateway.upstream.headers import request_headers
@@ -47,6 +53,7 @@ if TYPE_CHECKING:
     from gateway.api.parse import Endpoint, ParsedRequest
     from gateway.auth.resolver import Identity
     from gateway.config import Model
+    from gateway.quota import Scope as QuotaScope
     from gateway.routing.router import Router
     from gateway.runtime import Gateway, Runtime
     from gateway.types import Message, RawHeaders, Receive, Scope, Send
@@ -225,16 +232,74 @@ class ProxyHandler:
                          headers)
         extra.append((b"x-gateway-class", class_name.encode()))
         timeouts = runtime.timeouts[class_name]
-        forwarded = await forward(router, self.gateway.upstream, route, ctx, self.endpoint.path,
-                                  body, headers, timeouts)
-        extra.append((b"x-gateway-pool", forwarded.pool.name.encode()))
+        split: PromptSplit | None = None
+        admission: Admission | None = None
+        scopes = scopes_for(runtime.plans.get(runtime.tenants[ctx.tenant].plan)
+                            if ctx.tenant in runtime.tenants else None,
+                            ctx.key_id, identity.limits if identity else None, model.name)
+        if scopes:  # admit: check and reserve every limit in one round trip
+            split = self._count(model, parsed)
+            admission = Admission(self.gateway.quota)
+            await self._admit(admission, ctx, model, parsed, split, scopes)
+        forwarded: Forwarded | None = None
         try:
-            await relay_response(forwarded, ctx, send, extra, scanner)
+            forwarded = await forward(router, self.gateway.upstream, route, ctx,
+                                      self.endpoint.path, body, headers, timeouts)
+            extra.append((b"x-gateway-pool", forwarded.pool.name.encode()))
+            try:
+                await relay_response(forwarded, ctx, send, extra, scanner)
+            finally:
+                forwarded.response.close()
+                _settle_backend(forwarded, ctx)
+                forwarded.pool.release(forwarded.backend)
+                ctx.usage = self._account(runtime, ctx, model, parsed, forwarded, scanner,
+                                          split or self._count(model, parsed))
         finally:
-            forwarded.response.close()
-            _settle_backend(forwarded, ctx)
-            forwarded.pool.release(forwarded.backend)
-            ctx.usage = self._account(runtime, ctx, model, parsed, forwarded, scanner)
+            if admission is not None:
+                usage = ctx.usage
+                tokens = None if usage is None else usage.prompt_total + usage.output
+                await asyncio.shield(admission.settle(tokens))
+
+    async def _admit(
+        self,
+        admission: Admission,
+        ctx: RequestContext,
+        model: Model,
+        parsed: ParsedRequest,
+        split: PromptSplit,
+        scopes: tuple[QuotaScope, ...],
+    ) -> None:
+        limit = parsed.payload.get("max_completion_tokens") or parsed.payload.get("max_tokens")
+        out = limit if isinstance(limit, int) else model.default_max_tokens
+        request = QuotaRequest(
+            request_id=ctx.request_id, tenant=ctx.tenant or "default", scopes=scopes,
+            estimated_tokens=split.total + out, key_id=ctx.key_id, model=model.name,
+        )
+        try:
+            decision = await admission.reserve(request)
+        except QuotaUnavailable as exc:
+            ctx.quota = "unavailable"
+            raise QuotaStoreUnavailable(
+                "quota store unavailable; retry shortly", headers={"Retry-After": "1"}
+            ) from exc
+        if not decision.admitted:
+            ctx.quota = f"rejected:{decision.limit}"
+            wait = max(1, math.ceil(decision.retry_after))
+            raise RateLimited(
+                f"Rate limit reached: {decision.limit} of {decision.scope} for tenant "
+                f"'{ctx.tenant}'. Retry after {wait}s.",
+                headers={"Retry-After": str(wait)},
+            )
+        ctx.quota = "admitted"
+
+    def _count(self, model: Model, parsed: ParsedRequest) -> PromptSplit:
+        counter = self.gateway.counter(model.encoding)
+        operation = self.endpoint.operation
+        if operation == "chat":
+            return counter.count_chat(parsed.payload)
+        if operation == "embeddings":
+            return counter.count_embedding(parsed.payload)
+        return counter.count_completion(parsed.payload)
 
     def _account(
         self,
@@ -244,16 +309,11 @@ class ProxyHandler:
         parsed: ParsedRequest,
         forwarded: Forwarded,
         scanner: StreamScanner | None,
+        split: PromptSplit,
     ) -> TokenUsage:
         """Tokens by kind and their cost, after the response (off the latency path)."""
         counter = self.gateway.counter(model.encoding)
         operation = self.endpoint.operation
-        if operation == "chat":
-            split = counter.count_chat(parsed.payload)
-        elif operation == "embeddings":
-            split = counter.count_embedding(parsed.payload)
-        else:
-            split = counter.count_completion(parsed.payload)
         price = runtime.prices.lookup(model.name, ctx.tenant)
         batch = ctx.request_class == "batch"
         if scanner is not None:

@@ -18,8 +18,8 @@ __all__ = [
     "Backend",
     "Borrow",
     "Health",
-    "Model",
     "LimitSet",
+    "Model",
     "Plan",
     "Policy",
     "Pool",
@@ -190,6 +190,8 @@ class Model(_Base, frozen=True):
     pool: Name
     #: tokenizer for the gateway's own counts (the backend's usage figures stay authoritative)
     encoding: Literal["o200k_base", "cl100k_base"] = "o200k_base"
+    #: output tokens reserved against token quotas when a request sets no max_tokens
+    default_max_tokens: PositiveInt = 1024
     #: request class -> pool, e.g. {interactive: chat-h100, batch: bulk-h100}
     pools: dict[str, Name] = msgspec.field(default_factory=dict)
     #: the model name sent to the backend; defaults to the public name
@@ -292,7 +294,9 @@ class Server(_Base, frozen=True):
 
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-TenantName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")]
+TenantName = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")
+]
 
 
 class LimitSet(_Base, frozen=True):

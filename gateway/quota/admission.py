@@ -1,0 +1,91 @@
+"""From policy to quota scopes, and the per-request admission object.
+
+``Admission`` owns one request's reservation: ``reserve`` before forwarding, a lease renewal
+timer while the request runs, and ``settle`` (or ``cancel``) exactly once on every exit path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from gateway.quota.base import QuotaRequest
+from gateway.quota.limits import Limits, build_scopes
+
+if TYPE_CHECKING:
+    from gateway.config import LimitSet, Plan
+    from gateway.quota.base import Decision, QuotaStore, Reservation
+    from gateway.quota.limits import Scope
+
+__all__ = ["Admission", "limits_of", "scopes_for"]
+
+_log = logging.getLogger("gateway.quota")
+
+
+def limits_of(limits: LimitSet | dict[str, int] | None) -> Limits | None:
+    if limits is None:
+        return None
+    if isinstance(limits, dict):
+        return Limits(**limits)
+    return Limits(rpm=limits.rpm, tpm=limits.tpm, concurrency=limits.concurrency,
+                  tokens_per_day=limits.tokens_per_day, tokens_per_month=limits.tokens_per_month)
+
+
+def scopes_for(
+    plan: Plan | None, key_id: str | None, key_limits: dict[str, int] | None, model: str
+) -> tuple[Scope, ...]:
+    """The tenant's plan, the key's own limits and the plan's limits for this model."""
+    tenant = limits_of(plan.limits) if plan is not None else Limits()
+    per_model = limits_of(plan.models.get(model)) if plan is not None else None
+    return build_scopes(tenant or Limits(), key_id=key_id, key=limits_of(key_limits),
+                        model=model, per_model=per_model)
+
+
+class Admission:
+    """One request's quota reservation (per request, not shared)."""
+
+    __slots__ = ("_renewer", "_settled", "reservation", "store")
+
+    def __init__(self, store: QuotaStore) -> None:
+        self.store = store
+        self.reservation: Reservation | None = None
+        self._settled = False
+        self._renewer: asyncio.Task[None] | None = None
+
+    async def reserve(self, request: QuotaRequest) -> Decision:
+        decision = await self.store.reserve(request)
+        if decision.admitted and decision.reservation is not None:
+            self.reservation = decision.reservation
+            if decision.reservation.renew_every > 0:
+                self._renewer = asyncio.get_running_loop().create_task(self._renew())
+        return decision
+
+    async def _renew(self) -> None:
+        res = self.reservation
+        assert res is not None
+        while True:
+            await asyncio.sleep(res.renew_every)
+            try:
+                if not await self.store.renew(res):
+                    _log.warning("quota lease of %s could not be renewed", res.request_id)
+            except Exception as exc:  # an outage: the slot may lapse, the stream goes on
+                _log.warning("quota lease renewal failed for %s: %s", res.request_id, exc)
+
+    async def settle(self, actual_tokens: int | None) -> None:
+        """Once: the real tokens (None = the request never reached a backend: cancel)."""
+        if self._settled or self.reservation is None:
+            return
+        self._settled = True
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._renewer
+        try:
+            if actual_tokens is None:
+                await self.store.cancel(self.reservation)
+            else:
+                await self.store.settle(self.reservation, actual_tokens)
+        except Exception as exc:  # the store queues failed settles; never fail the response
+            _log.warning("quota settle failed for %s: %s", self.reservation.request_id, exc)

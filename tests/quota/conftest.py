@@ -1,0 +1,75 @@
+"""Fixtures: a redis-server and a 3-master Redis Cluster of our own, and one ``store`` fixture
+that runs the same tests against the memory, Redis and Redis Cluster stores."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.quota import MemoryQuotaStore, QuotaStore, RedisQuotaStore
+from tests.quota.servers import RedisCluster3, RedisProc
+
+StoreFactory = Callable[..., QuotaStore]
+
+
+@pytest.fixture(scope="session")
+def redis_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProc]:
+    """A redis-server shared by the session (tests use their own tenant ids)."""
+    proc = RedisProc(tmp_path_factory.mktemp("redis")).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster3]:
+    cluster = RedisCluster3(tmp_path_factory.mktemp("cluster")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture()
+def own_redis(tmp_path: Path) -> Iterator[RedisProc]:
+    """A redis-server this test may kill and restart."""
+    proc = RedisProc(tmp_path).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(params=["memory", "redis", "cluster"])
+async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
+    """Builds stores of one kind (``make_store(window=1.0)``); closes them after the test."""
+    kind: str = request.param
+    url = ""
+    if kind == "redis":
+        url = request.getfixturevalue("redis_proc").url
+    elif kind == "cluster":
+        url = request.getfixturevalue("redis_cluster").url
+    made: list[QuotaStore] = []
+
+    def make(**kwargs: Any) -> QuotaStore:
+        store: QuotaStore
+        if kind == "memory":
+            store = MemoryQuotaStore(**kwargs)
+        else:  # generous timeout: the test box is shared
+            store = RedisQuotaStore.from_url(url, cluster=kind == "cluster", timeout=2.0, **kwargs)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        await store.aclose()
+
+
+@pytest.fixture()
+def store(make_store: StoreFactory) -> QuotaStore:
+    return make_store()
+
+
+@pytest.fixture()
+def tenant() -> str:
+    """A fresh tenant per test, so tests sharing a Redis never see each other's counters."""
+    return f"t-{uuid.uuid4().hex[:12]}"
