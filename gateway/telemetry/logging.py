@@ -1,0 +1,289 @@
+"""JSON-lines logging: structlog set-up, stdlib routing, redaction, and the access line.
+
+:func:`setup_logging` configures structlog (msgspec JSON, ``cache_logger_on_first_use``) and
+routes the stdlib root logger (uvicorn, asyncio, our ``logging.getLogger`` users) through the
+same processors, so every line on stdout is one JSON object, redacted by
+:class:`~gateway.telemetry.redact.Redactor`. Lines go through a
+:class:`~gateway.telemetry.writer.LineWriter`, so no request waits on a stdout write.
+
+The access line is the hot path (one per request): :class:`AccessLog` builds its dict and encodes
+it directly, skipping the processor chain (~10 µs), and scrubs its one free-text field
+(``error``); everything else in it is ids, names from the policy, and numbers. Successful requests
+can be sampled; failed, rejected and cancelled ones are always logged.
+
+Events (``log = get_logger(__name__)``; then ``log.info("policy_reloaded", version=...)``):
+``startup``, ``policy_reloaded``, ``backend_ejected`` / ``backend_recovered``, ``redis_lost`` /
+``redis_restored``; snake_case names, facts as keyword fields.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any
+
+import msgspec
+import structlog
+
+from gateway.telemetry.redact import Redactor
+from gateway.telemetry.writer import LineWriter
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from structlog.typing import EventDict, WrappedLogger
+
+    from gateway.telemetry.spans import RequestSpan
+    from gateway.telemetry.types import ContextView, UsageView
+
+__all__ = ["AccessLog", "LogSettings", "get_logger", "setup_logging"]
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR, "critical": logging.CRITICAL}
+#: loggers that bring their own handlers; made to propagate to our root handler instead
+_ADOPTED = ("uvicorn", "uvicorn.error", "uvicorn.access", "litestar")
+
+
+def _fallback(obj: Any) -> str:
+    return repr(obj)
+
+
+_encode = msgspec.json.Encoder(enc_hook=_fallback).encode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogSettings:
+    """What is logged; :meth:`from_env` reads ``GATEWAY_LOG_*``."""
+
+    level: str = "info"
+    #: one line per request
+    access: bool = True
+    #: share of successful requests that get an access line (errors always do), 0..1
+    access_sample: float = 1.0
+    #: strings to redact wherever they appear (backend keys, admin token, Redis password)
+    secrets: tuple[str, ...] = ()
+    #: False writes each line synchronously (tests, debugging)
+    buffered: bool = True
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None,
+                 secrets: tuple[str, ...] = ()) -> LogSettings:
+        env = os.environ if env is None else env
+        sample = env.get("GATEWAY_ACCESS_LOG_SAMPLE", "").strip()
+        return cls(
+            level=env.get("GATEWAY_LOG_LEVEL", "info").strip().lower() or "info",
+            access=env.get("GATEWAY_ACCESS_LOG", "on").strip().lower() not in {"off", "0",
+                                                                            "false", "no"},
+            access_sample=min(1.0, max(0.0, float(sample))) if sample else 1.0,
+            secrets=secrets,
+        )
+
+
+def get_logger(name: str | None = None) -> Any:
+    """A structlog logger (lazy: safe at import time, configured by :func:`setup_logging`)."""
+    # ``logger`` is a parameter name of structlog's wrap_logger: bind as _logger, rename later
+    return structlog.get_logger(_logger=name) if name else structlog.get_logger()
+
+
+def _logger_name(logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
+    name = event.pop("_logger", None)
+    if name is not None:
+        event["logger"] = name
+    return event
+
+
+def _render_bytes(logger: WrappedLogger, method: str, event: EventDict) -> bytes:
+    return _encode(event)
+
+
+def _render_str(logger: WrappedLogger, method: str, event: EventDict) -> str:
+    return _encode(event).decode()
+
+
+class _Handler(logging.Handler):
+    """Hands formatted stdlib records to the line writer."""
+
+    def __init__(self, writer: LineWriter | _Direct) -> None:
+        super().__init__()
+        self.writer = writer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.writer.write(self.format(record).encode() + b"\n")
+        except Exception:
+            self.handleError(record)
+
+
+class _Direct:
+    """Unbuffered writer: each line is written and flushed at once."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+
+    def write(self, line: bytes) -> None:
+        self._stream.write(line)
+        self._stream.flush()
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def drain(self) -> None:
+        self._stream.flush()
+
+    def close(self) -> None:
+        self._stream.flush()
+
+
+def setup_logging(settings: LogSettings | None = None, stream: IO[bytes] | None = None
+                  ) -> AccessLog:
+    """Configure structlog and the stdlib root logger; return the access logger.
+
+    Process-wide (structlog and ``logging`` are): call once per worker, from the app factory.
+    ``stream`` defaults to ``sys.stdout.buffer``.
+    """
+    settings = settings or LogSettings()
+    out = stream if stream is not None else sys.stdout.buffer
+    writer: LineWriter | _Direct = LineWriter(out) if settings.buffered else _Direct(out)
+    redactor = Redactor(settings.secrets)
+    level = _LEVELS.get(settings.level, logging.INFO)
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
+    structlog.configure(
+        processors=[
+            _logger_name,
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            stamp,
+            structlog.processors.format_exc_info,
+            redactor,
+            _render_bytes,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.BytesLoggerFactory(writer),  # type: ignore[arg-type]
+        cache_logger_on_first_use=True,
+    )
+    handler = _Handler(writer)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.contextvars.merge_contextvars,
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name,
+            stamp,
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            redactor,
+            _render_str,
+        ],
+    ))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _Handler) or h.__class__ is
+                logging.StreamHandler]:
+        root.removeHandler(old)
+        if isinstance(old, _Handler):
+            old.writer.close()
+    root.addHandler(handler)
+    root.setLevel(level)
+    for name in _ADOPTED:
+        adopted = logging.getLogger(name)
+        adopted.handlers.clear()
+        adopted.propagate = True
+    return AccessLog(settings, writer, redactor)
+
+
+class AccessLog:
+    """Writes the one access line of each request; shared by all requests of a worker."""
+
+    def __init__(self, settings: LogSettings, writer: LineWriter | _Direct,
+                 redactor: Redactor) -> None:
+        self.settings = settings
+        self.writer = writer
+        self._redact = redactor.text
+        self._write = writer.write
+        self._sample = settings.access_sample
+        self._second = -1
+        self._prefix = ""
+        self._on = settings.access
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return f"<AccessLog {'on' if s.access else 'off'} sample={s.access_sample}>"
+
+    def close(self) -> None:
+        """Write what is buffered and stop the writer thread (lifespan shutdown)."""
+        self.writer.close()
+
+    def _timestamp(self) -> str:
+        now = time.time()
+        second = int(now)
+        if second != self._second:  # format the date once a second, not once a line
+            self._second = second
+            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._prefix}.{int((now - second) * 1e6):06d}Z"
+
+    def __call__(self, ctx: ContextView, usage: UsageView | None = None, *,
+                 tenant: str | None = None, span: RequestSpan | None = None,
+                 quota: str | None = None) -> None:
+        """Log one finished request (call once, after usage is known, on every path).
+
+        ``usage``, ``tenant`` and ``quota`` default to the context's own attributes of those
+        names when it has them.
+        """
+        if not self._on:
+            return
+        ok = ctx.outcome == "completed" and ctx.status < 400
+        if ok and self._sample < 1.0 and random.random() >= self._sample:
+            return
+        if usage is None:
+            usage = getattr(ctx, "usage", None)
+        if tenant is None:
+            tenant = getattr(ctx, "tenant", None)
+        if quota is None:
+            quota = getattr(ctx, "quota", None)
+        started = ctx.started_ns
+        first, finished = ctx.first_token_ns, ctx.finished_ns
+        line: dict[str, Any] = {
+            "timestamp": self._timestamp(),
+            "level": "info" if ok else "warning",
+            "event": "access",
+            "request_id": ctx.request_id,
+            "tenant": tenant,
+            "key_id": ctx.key_id,
+            "endpoint": ctx.endpoint,
+            "model": ctx.request_model,
+            "upstream_model": ctx.upstream_model,
+            "class": ctx.request_class,
+            "pool": ctx.pool,
+            "backend": ctx.backend,
+            "stream": ctx.stream,
+            "status": ctx.status,
+            "outcome": ctx.outcome,
+            "attempts": ctx.attempts,
+            "ttft_ms": None if first is None else round((first - started) / 1e6, 3),
+            "duration_ms": None if finished is None else round((finished - started) / 1e6, 3),
+        }
+        if ctx.failovers:
+            line["failovers"] = ctx.failovers
+        if span is not None and span.trace_id is not None:
+            line["trace_id"] = span.trace_id
+            line["span_id"] = span.span_id
+        if quota is not None:
+            line["quota"] = quota
+        if usage is not None:
+            line["tokens_in"] = usage.prompt_total
+            line["tokens_out"] = usage.output
+            line["tokens_system"] = usage.system
+            line["tokens_history"] = usage.history
+            line["tokens_new"] = usage.new
+            line["tokens_cached"] = usage.cached
+            if usage.estimated:
+                line["tokens_estimated"] = True
+            if usage.cost is not None:
+                line["cost_micros"] = usage.cost.total
+        if ctx.error:
+            line["error"] = self._redact(ctx.error)
+        self._write(_encode(line) + b"\n")

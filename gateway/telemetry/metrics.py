@@ -1,0 +1,358 @@
+"""Prometheus metrics of the gateway: latency histograms, counters, gauges, and ``/metrics``.
+
+One :class:`Metrics` per worker process, made by the app factory and passed in. Per request the
+caller makes one :meth:`Metrics.observe_request` call. Label children are bound once per label
+set and kept in a small dict, and a request only adds to plain ints there (~1 µs); the sums go
+into prometheus_client at most once a second (``flush_interval``) and on every :meth:`render`.
+
+Several workers: when ``PROMETHEUS_MULTIPROC_DIR`` is set (the CLI sets a fresh, empty temp dir
+when ``--workers > 1``, before the workers start), values live in per-process mmap files and
+:meth:`Metrics.render` merges every worker's files, so any worker answers ``/metrics`` for all.
+The parent should call :func:`mark_process_dead` with a worker's pid when it exits.
+Gauges are merged per their meaning:
+
+==========================  ==========  =====================================================
+gauge                       mode        why
+==========================  ==========  =====================================================
+``gateway_inflight``        livesum     each worker counts its own requests: add them up
+``gateway_queue_depth``     livesum     each worker queues its own requests
+``gateway_backend_healthy`` livemin     each worker judges health alone: 0 if any ejected it
+``gateway_redis_up``        livemin     0 if any worker has lost Redis
+==========================  ==========  =====================================================
+
+Label cardinality is bounded: model, pool, class and backend come from the policy, status from
+the gateway. The optional tenant label takes the first ``tenant_cap`` tenants a worker sees;
+the rest read ``other`` (per worker: with N workers up to N x cap names may appear in total).
+``gateway_spend_total`` always has the (capped) tenant label - spend per tenant is its point.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from bisect import bisect_left
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    values,
+)
+from prometheus_client import multiprocess as _mp
+
+if TYPE_CHECKING:
+    from gateway.telemetry.types import ContextView, UsageView
+
+__all__ = [
+    "DURATION_BUCKETS",
+    "QUEUE_BUCKETS",
+    "TPOT_BUCKETS",
+    "TTFT_BUCKETS",
+    "Metrics",
+    "mark_process_dead",
+]
+
+#: time to first token, seconds: 10 ms (cache hit, tiny prompt) to a minute (long prefill, queued)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0,
+                20.0, 30.0, 60.0)
+#: time per output token, seconds: 1 ms (small model, big GPU) to 1 s (overloaded)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+                0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+#: whole request, seconds: embeddings in tens of ms to long generations over minutes
+DURATION_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0,
+                    300.0, 600.0)
+#: waiting for a backend slot, seconds
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+_ROUTE = ("model", "pool", "class")
+_MICROS = 1_000_000
+_CACHE_LIMIT = 4096  # label sets kept bound; past it the cache starts over (never grows unbounded)
+_OTHER = "other"
+
+
+def mark_process_dead(pid: int) -> None:
+    """Drop a dead worker's live gauges (multiprocess mode); call from the parent process."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        _mp.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+def _observe(hist: _Hist, value: float) -> None:
+    hist.counts[bisect_left(hist.bounds, value)] += 1  # first bound >= value: Prometheus' le
+    hist.sum += value
+
+
+class _Hist:
+    """Bucket counts and sum gathered since the last flush, for one histogram child."""
+
+    __slots__ = ("bounds", "child", "counts", "sum")
+
+    def __init__(self, child: Any, bounds: tuple[float, ...]) -> None:
+        self.child, self.bounds = child, bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last is +Inf
+        self.sum = 0.0
+
+    def flush(self) -> None:
+        # prometheus_client has no bulk observe: add to its per-bucket values (non-cumulative
+        # in both single and multiprocess mode; cumulated at collection) and to its sum
+        buckets = self.child._buckets
+        for i, n in enumerate(self.counts):
+            if n:
+                buckets[i].inc(n)
+                self.counts[i] = 0
+        if self.sum:
+            self.child._sum.inc(self.sum)
+            self.sum = 0.0
+
+
+class _Bound:
+    """One label set's children, and what was counted for it since the last flush.
+
+    Per request the hot path adds to plain ints and lists (~1 µs for all of a request's
+    metrics); :meth:`flush` moves the sums into prometheus_client (~0.3-0.8 µs per value, paid
+    once per label set per flush instead of per request).
+    """
+
+    __slots__ = ("duration", "failover_child", "failovers", "request_child", "requests",
+                 "retries", "retry_child", "token_children", "tokens", "tpot", "ttft")
+
+    def __init__(self, m: Metrics, model: str, pool: str, cls: str, status: str,
+                 tenant: tuple[str, ...]) -> None:
+        route = (model, pool, cls)
+        self.request_child = m.requests.labels(*route, status, *tenant)
+        self.retry_child = m.retries.labels(*route)
+        self.failover_child = m.failovers.labels(*route)
+        self.token_children = tuple(m.tokens.labels(*route, kind, *tenant) for kind in _KINDS)
+        self.duration = _Hist(m.duration.labels(*route), DURATION_BUCKETS)
+        self.ttft = _Hist(m.ttft.labels(*route), TTFT_BUCKETS)
+        self.tpot = _Hist(m.tpot.labels(*route), TPOT_BUCKETS)
+        self.requests = self.retries = self.failovers = 0
+        self.tokens = [0] * len(_KINDS)
+
+    def flush(self) -> None:
+        if self.requests:
+            self.request_child.inc(self.requests)
+            self.requests = 0
+        if self.retries:
+            self.retry_child.inc(self.retries)
+            self.retries = 0
+        if self.failovers:
+            self.failover_child.inc(self.failovers)
+            self.failovers = 0
+        tokens = self.tokens
+        for i, n in enumerate(tokens):
+            if n:
+                self.token_children[i].inc(n)
+                tokens[i] = 0
+        self.duration.flush()
+        self.ttft.flush()
+        self.tpot.flush()
+
+
+_KINDS = ("input", "system", "history", "new", "tools", "cached", "output")
+
+
+class Metrics:
+    """The gateway's metric families, on a registry of its own (never the global one)."""
+
+    def __init__(self, *, enabled: bool = True, tenant_label: bool = False,
+                 tenant_cap: int = 100, flush_interval: float = 1.0) -> None:
+        self.enabled = enabled
+        self.tenant_label = tenant_label
+        self.tenant_cap = tenant_cap
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        if self.multiprocess and not getattr(values.ValueClass, "_multiprocess", False):
+            # prometheus_client picks its value class at import; the variable came later
+            values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+        self._tenants: dict[str, str] = {}
+        self._bound: dict[tuple[Any, ...], _Bound] = {}
+        self._spend_pending: dict[tuple[str, str], int] = {}  # micro-units, not yet flushed
+        self.flush_interval = flush_interval
+        self._next_flush = time.monotonic() + flush_interval
+        # no ``*_created`` series: they double /metrics for nothing
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._declare(tuple(["tenant"] if tenant_label else []))
+
+    def _declare(self, tenant: tuple[str, ...]) -> None:
+        r = self.registry
+        self.requests = Counter("gateway_requests", "Requests answered, by HTTP status.",
+                                [*_ROUTE, "status", *tenant], registry=r)
+        self.tokens = Counter("gateway_tokens", "Tokens by kind: input = system + history + "
+                              "new + tools; cached is a subset of input.",
+                              [*_ROUTE, "kind", *tenant], registry=r)
+        self.retries = Counter("gateway_retries", "Upstream attempts after the first.",
+                               _ROUTE, registry=r)
+        self.failovers = Counter("gateway_failovers", "Moves to a fallback pool.", _ROUTE,
+                                 registry=r)
+        self.spend = Counter("gateway_spend", "Cost charged, in currency units.",
+                             ["tenant", "model"], registry=r)
+        self.ejections = Counter("gateway_ejections", "Backends ejected from their pool.",
+                                 ["pool", "backend"], registry=r)
+        self.quota_rejections = Counter("gateway_quota_rejections",
+                                        "Requests refused by a quota limit.",
+                                        ["limit", *tenant], registry=r)
+        self.shadow_requests = Counter("gateway_shadow_requests",
+                                       "Shadow (mirrored) requests, by outcome.", ["status"],
+                                       registry=r)
+        self.ttft = Histogram("gateway_ttft_seconds", "Time to first token (streams).", _ROUTE,
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("gateway_tpot_seconds", "Time per output token after the first "
+                              "(streams).", _ROUTE, buckets=TPOT_BUCKETS, registry=r)
+        self.duration = Histogram("gateway_request_duration_seconds", "End-to-end latency.",
+                                  _ROUTE, buckets=DURATION_BUCKETS, registry=r)
+        self.queue_wait = Histogram("gateway_queue_wait_seconds",
+                                    "Time waiting for a backend slot.", _ROUTE,
+                                    buckets=QUEUE_BUCKETS, registry=r)
+        self.inflight = Gauge("gateway_inflight", "Requests in flight per backend.",
+                              ["pool", "backend"], multiprocess_mode="livesum", registry=r)
+        self.backend_healthy = Gauge("gateway_backend_healthy", "1 if the backend takes "
+                                     "traffic, 0 if ejected.", ["pool", "backend"],
+                                     multiprocess_mode="livemin", registry=r)
+        self.queue_depth = Gauge("gateway_queue_depth", "Requests waiting for a backend slot.",
+                                 ["pool"], multiprocess_mode="livesum", registry=r)
+        # made on first report: an unlabelled gauge exists (as 0) from creation, which would
+        # read "Redis down" for a gateway without Redis, or before its first check
+        self.redis_up: Gauge | None = None
+
+    def __repr__(self) -> str:
+        mode = "multiprocess" if self.multiprocess else "single"
+        return (f"<Metrics {'on' if self.enabled else 'off'} {mode} "
+                f"[label sets: {len(self._bound)} | tenants: {len(self._tenants)}]>")
+
+    def tenant(self, tenant: str | None) -> str:
+        """The label value for a tenant: itself while under the cap, else ``other``."""
+        if tenant is None:
+            return ""
+        label = self._tenants.get(tenant)
+        if label is None:
+            label = tenant if len(self._tenants) < self.tenant_cap else _OTHER
+            if label is not _OTHER:
+                self._tenants[tenant] = label
+        return label
+
+    def observe_request(self, ctx: ContextView, usage: UsageView | None = None, *,
+                        tenant: str | None = None, queue_wait_s: float | None = None) -> None:
+        """Count one finished request: status, latency, TTFT/TPOT (streams), tokens, cost,
+        retries and failovers (from ``ctx.attempts`` / ``ctx.failovers``). Call once, last.
+        ``usage`` and ``tenant`` default to the context's attributes of those names.
+
+        Counts gather in this object and reach prometheus_client at most ``flush_interval``
+        seconds later (on a later call, or at :meth:`render` / :meth:`flush`).
+        """
+        if not self.enabled:
+            return
+        if usage is None:
+            usage = getattr(ctx, "usage", None)
+        if tenant is None:
+            tenant = getattr(ctx, "tenant", None)
+        model, pool, cls = ctx.request_model or "", ctx.pool or "", ctx.request_class or ""
+        label = self.tenant(tenant) if tenant is not None else ""
+        key = (model, pool, cls, ctx.status, label)
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bind(key)
+        bound.requests += 1
+        started = ctx.started_ns
+        if ctx.finished_ns is not None:
+            _observe(bound.duration, (ctx.finished_ns - started) / 1e9)
+        first = ctx.first_token_ns
+        if ctx.stream and first is not None:
+            _observe(bound.ttft, (first - started) / 1e9)
+            out = usage.output if usage is not None else 0
+            if out > 1 and ctx.last_chunk_ns is not None:
+                _observe(bound.tpot, (ctx.last_chunk_ns - first) / 1e9 / (out - 1))
+        if ctx.attempts > 1:
+            bound.retries += ctx.attempts - 1
+        if ctx.failovers:
+            bound.failovers += ctx.failovers
+        if queue_wait_s is not None:
+            self.queue_wait.labels(model, pool, cls).observe(queue_wait_s)
+        if usage is not None:
+            tokens = bound.tokens
+            tokens[0] += usage.prompt_total
+            tokens[1] += usage.system
+            tokens[2] += usage.history
+            tokens[3] += usage.new
+            tokens[4] += usage.tools
+            tokens[5] += usage.cached
+            tokens[6] += usage.output
+            cost = usage.cost
+            if cost is not None and cost.total:
+                spend = self._spend_pending
+                spend[(label, model)] = spend.get((label, model), 0) + cost.total
+        now = time.monotonic()
+        if now >= self._next_flush:
+            self._next_flush = now + self.flush_interval
+            self.flush()
+
+    def _bind(self, key: tuple[Any, ...]) -> _Bound:
+        if len(self._bound) >= _CACHE_LIMIT:
+            self.flush()
+            self._bound.clear()
+        model, pool, cls, status, label = key
+        bound = _Bound(self, model, pool, cls, str(status),
+                       (label,) if self.tenant_label else ())
+        self._bound[key] = bound
+        return bound
+
+    def flush(self) -> None:
+        """Move gathered counts into prometheus_client (in multiprocess mode: into this worker's
+        files, where other workers' ``/metrics`` see them). Call at shutdown too."""
+        for bound in self._bound.values():
+            bound.flush()
+        if self._spend_pending:
+            pending, self._spend_pending = self._spend_pending, {}
+            for (tenant, model), micros in pending.items():
+                self.spend.labels(tenant, model).inc(micros / _MICROS)
+
+    def quota_rejected(self, limit: str, tenant: str | None = None) -> None:
+        """A request refused by quota ``limit`` (e.g. ``rpm``, ``tpm``, ``budget``)."""
+        if self.enabled:
+            if self.tenant_label:
+                self.quota_rejections.labels(limit, self.tenant(tenant)).inc()
+            else:
+                self.quota_rejections.labels(limit).inc()
+
+    def shadow(self, status: str | int) -> None:
+        """One shadow request finished (``status``: its HTTP status, or ``error`` / ``dropped``)."""
+        if self.enabled:
+            self.shadow_requests.labels(str(status)).inc()
+
+    def ejection(self, pool: str, backend: str) -> None:
+        """A backend was ejected; also marks it unhealthy."""
+        if self.enabled:
+            self.ejections.labels(pool, backend).inc()
+            self.backend_healthy.labels(pool, backend).set(0)
+
+    def set_backend_health(self, pool: str, backend: str, healthy: bool) -> None:
+        if self.enabled:
+            self.backend_healthy.labels(pool, backend).set(1 if healthy else 0)
+
+    def set_inflight(self, pool: str, backend: str, count: int) -> None:
+        if self.enabled:
+            self.inflight.labels(pool, backend).set(count)
+
+    def set_queue_depth(self, pool: str, depth: int) -> None:
+        if self.enabled:
+            self.queue_depth.labels(pool).set(depth)
+
+    def set_redis_up(self, up: bool) -> None:
+        if self.enabled:
+            if self.redis_up is None:
+                self.redis_up = Gauge("gateway_redis_up", "1 if Redis answers, 0 if not.",
+                                      multiprocess_mode="livemin", registry=self.registry)
+            self.redis_up.set(1 if up else 0)
+
+    def render(self) -> tuple[bytes, str]:
+        """The ``/metrics`` body and its content type (all workers' values in multiprocess mode)."""
+        self.flush()
+        if not self.multiprocess:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        registry = CollectorRegistry(auto_describe=False)
+        _mp.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry), CONTENT_TYPE_LATEST

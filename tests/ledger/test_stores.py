@@ -1,0 +1,253 @@
+"""The same behaviour from every ledger: memory, Redis and Redis Cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from gateway.ledger import UsageRecord, day_of, format_csv, format_jsonl
+from gateway.ledger.reconcile import sum_records
+
+if TYPE_CHECKING:
+    from gateway.ledger import Ledger
+    from tests.ledger.conftest import LedgerFactory, RecordFactory
+
+DAY_MS = 86_400_000
+
+
+def totals(records: list[UsageRecord]) -> dict[str, int]:
+    """requests and token sums, the way a usage row reports them."""
+    return {
+        "requests": len(records),
+        "system": sum(r.system for r in records),
+        "history": sum(r.history for r in records),
+        "new": sum(r.new for r in records),
+        "tools": sum(r.tools for r in records),
+        "cached": sum(r.cached for r in records),
+        "output": sum(r.output for r in records),
+        "prompt_total": sum(r.prompt_total for r in records),
+        "cost_micros": sum(r.cost_micros for r in records),
+        "estimated": sum(r.estimated for r in records),
+    }
+
+
+def row_totals(row: object) -> dict[str, int]:
+    return {name: getattr(row, name) for name in totals([])}
+
+
+async def test_same_record_twice_counts_once(
+    make_ledger: LedgerFactory, make_record: RecordFactory, tenant: str
+) -> None:
+    """Writing a record again (same request id), in the same batch or a later one, is a no-op."""
+    ledger = await make_ledger()
+    records = [make_record(tenant) for _ in range(20)]
+    for r in records:
+        await ledger.write(r)
+        await ledger.write(r)
+    await ledger.flush()
+    for r in records[:5]:
+        await ledger.write(r)
+    await ledger.flush()
+    day = day_of(records[0].ts_ms)
+    (row,) = await ledger.usage(tenant, day, day, group_by=("day",))
+    assert row_totals(row) == totals(records)
+    assert len([r async for r in ledger.export(0, 2**62, tenant)]) == 20
+    assert await ledger.reconcile(tenant, day) == []
+    assert ledger.stats.stored == 20
+    assert ledger.stats.duplicates == 25
+
+
+async def test_second_ledger_dedupes_too(
+    make_ledger: LedgerFactory, make_record: RecordFactory, tenant: str
+) -> None:
+    """Two replicas (two ledgers on one Redis) writing the same records concurrently count
+    each once. (Memory ledgers are per process: the same ledger stands in for both.)"""
+    one = await make_ledger()
+    two = one if type(one).__name__ == "MemoryLedger" else await make_ledger()
+    records = [make_record(tenant) for _ in range(300)]
+    for r in records:
+        await one.write(r)
+        await two.write(r)
+    await asyncio.gather(one.flush(), two.flush())
+    day = day_of(records[0].ts_ms)
+    (row,) = await two.usage(tenant, day, day, group_by=())
+    assert row_totals(row) == totals(records)
+    assert one.stats.stored + (two.stats.stored if two is not one else 0) == 300
+
+
+async def test_group_by_model_and_class(
+    ledger: Ledger, make_record: RecordFactory, tenant: str
+) -> None:
+    """Rows split by model and class; totals per group match the records of that group."""
+    records = [
+        make_record(tenant, model=model, request_class=cls)
+        for model in ("m-a", "m|b")  # a '|' in a name must not break the field split
+        for cls in ("interactive", "batch")
+        for _ in range(3)
+    ]
+    for r in records:
+        await ledger.write(r)
+    await ledger.flush()
+    day = day_of(records[0].ts_ms)
+    rows = await ledger.usage(tenant, day, day)
+    assert [(r.day, r.model, r.request_class) for r in rows] == [
+        (day, m, c) for m in ("m-a", "m|b") for c in ("batch", "interactive")
+    ]
+    for row in rows:
+        group = [r for r in records if (r.model, r.request_class) == (row.model, row.request_class)]
+        assert row_totals(row) == totals(group)
+        assert row.tenant == tenant
+    (by_model,) = [r for r in await ledger.usage(tenant, day, day, ("model",)) if r.model == "m-a"]
+    assert by_model.requests == 6 and by_model.day is None and by_model.request_class is None
+
+
+async def test_group_by_batch(ledger: Ledger, make_record: RecordFactory, tenant: str) -> None:
+    """Requests of a batch job group under its id; the rest under None."""
+    for batch in ("batch-1", "batch-1", "batch-2", None):
+        await ledger.write(make_record(tenant, batch_id=batch))
+    await ledger.flush()
+    day = day_of(int(time.time() * 1000))
+    rows = await ledger.usage(tenant, day, day, group_by=("batch",))
+    assert {r.batch_id: r.requests for r in rows} == {None: 1, "batch-1": 2, "batch-2": 1}
+
+
+async def test_days_and_months(
+    make_ledger: LedgerFactory, make_record: RecordFactory, tenant: str
+) -> None:
+    """Records on several days land in their own day partitions; a range sums them, and
+    month rows (read from month totals where a whole month is covered) agree."""
+    ledger = await make_ledger()
+    now = int(time.time() * 1000)
+    stamps = [now - d * DAY_MS for d in (0, 0, 1, 3, 40)]
+    records = [make_record(tenant, ts_ms=ts) for ts in stamps]
+    for r in records:
+        await ledger.write(r)
+    await ledger.flush()
+    first, last = day_of(min(stamps)), day_of(max(stamps))
+    rows = await ledger.usage(tenant, first, last, group_by=("day",))
+    assert {r.day: r.requests for r in rows} == {
+        day_of(ts): sum(1 for s in stamps if day_of(s) == day_of(ts)) for ts in stamps
+    }
+    (everything,) = await ledger.usage(tenant, first, last, group_by=())
+    assert row_totals(everything) == totals(records)
+    # a range of whole months, by month: served from month totals
+    start = datetime.fromtimestamp(min(stamps) / 1000, UTC).date().replace(day=1)
+    end = datetime.fromtimestamp(now / 1000, UTC).date().replace(day=28) + timedelta(days=4)
+    end = end.replace(day=1) - timedelta(days=1)
+    months = await ledger.usage(tenant, start, end, group_by=("month",))
+    assert sum(r.requests for r in months) == 5
+    assert {r.month for r in months} == {day_of(ts)[:7] for ts in stamps}
+    for ts in set(stamps):
+        assert await ledger.reconcile(tenant, day_of(ts)) == []
+
+
+async def test_tenants_are_isolated(
+    ledger: Ledger, make_record: RecordFactory, tenant: str
+) -> None:
+    """Tenant A's usage, export and reconcile never include tenant B's records."""
+    other = tenant + "-b"
+    mine = [make_record(tenant) for _ in range(4)]
+    theirs = [make_record(other, model="their-model") for _ in range(6)]
+    for r in [*mine, *theirs]:
+        await ledger.write(r)
+    await ledger.flush()
+    day = day_of(mine[0].ts_ms)
+    rows = await ledger.usage(tenant, day, day)
+    assert [r.model for r in rows] == ["chat-model"]
+    assert row_totals(rows[0]) == totals(mine)
+    exported = [r async for r in ledger.export(0, 2**62, tenant)]
+    assert {r.request_id for r in exported} == {r.request_id for r in mine}
+    assert await ledger.reconcile(other, day) == []
+    everyone = await ledger.usage_all(day, day, group_by=())
+    by_tenant = {r.tenant: r.requests for r in everyone}
+    assert by_tenant[tenant] == 4 and by_tenant[other] == 6
+    assert {tenant, other} <= set(await ledger.tenants())
+
+
+async def test_export_time_range_and_formats(
+    ledger: Ledger, make_record: RecordFactory, tenant: str
+) -> None:
+    """``export`` yields exactly the records in [from, to), across day partitions, and the
+    CSV / JSONL helpers render them."""
+    now = int(time.time() * 1000)
+    records = [make_record(tenant, ts_ms=now - i * 3_600_000) for i in range(30)]  # 30 hours
+    for r in records:
+        await ledger.write(r)
+    await ledger.flush()
+    lo, hi = now - 20 * 3_600_000, now - 5 * 3_600_000
+    got = [r async for r in ledger.export(lo, hi, tenant)]
+    assert sorted(r.request_id for r in got) == sorted(
+        r.request_id for r in records if lo <= r.ts_ms < hi
+    )
+    assert len(got) == 15
+    assert set(got) <= set(records)  # the records come back whole
+    csv_text = format_csv(got)
+    assert csv_text.count("\n") == 16 and csv_text.startswith("request_id,ts_ms,tenant,")
+    assert format_jsonl(got).count("\n") == 15
+    everyone = [r async for r in ledger.export(lo, hi)]
+    assert {r.request_id for r in got} <= {r.request_id for r in everyone}
+
+
+async def test_close_drains_the_buffer(
+    make_ledger: LedgerFactory, make_record: RecordFactory, tenant: str
+) -> None:
+    """Records still in the buffer at ``close`` are stored; none is lost on shutdown."""
+    slow = await make_ledger(flush_interval=60.0, batch_size=10_000)
+    records = [make_record(tenant) for _ in range(500)]
+    for r in records:
+        slow.write_nowait(r)
+    assert slow.pending == 500
+    await slow.close()
+    assert slow.pending == 0
+    reader = await make_ledger()
+    day = day_of(records[0].ts_ms)
+    if type(reader).__name__ == "MemoryLedger":
+        return  # a second memory ledger has its own journal; covered in test_memory.py
+    (row,) = await reader.usage(tenant, day, day, group_by=())
+    assert row_totals(row) == totals(records)
+
+
+async def test_write_after_close_is_kept(
+    make_ledger: LedgerFactory, make_record: RecordFactory, tenant: str
+) -> None:
+    """A late record (a request finishing during shutdown) goes to disk, not to nowhere."""
+    ledger = await make_ledger()
+    await ledger.close()
+    record = make_record(tenant)
+    await ledger.write(record)
+    assert ledger.stats.written == 1
+    assert ledger.pending == 0
+
+
+async def test_aggregates_equal_sum_of_records(
+    ledger: Ledger, make_record: RecordFactory, tenant: str
+) -> None:
+    """After a mixed load (duplicates, batches, classes) every day reconciles."""
+    records = [
+        make_record(tenant, request_class=("interactive", "batch")[i % 2], batch_id=f"b{i % 3}")
+        for i in range(300)
+    ]
+    for r in records + records[::7]:
+        await ledger.write(r)
+    await ledger.flush()
+    day = day_of(records[0].ts_ms)
+    assert await ledger.reconcile(tenant, day) == []
+    exported = [r async for r in ledger.export(0, 2**62, tenant)]
+    assert sum_records(exported) == sum_records(records)
+
+
+async def test_flush_lag_is_bounded(
+    ledger: Ledger, make_record: RecordFactory, tenant: str
+) -> None:
+    """The durability window: records wait about ``flush_interval`` before being durable."""
+
+    for _ in range(20):
+        for _ in range(10):
+            await ledger.write(make_record(tenant))
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    assert ledger.pending == 0
+    assert ledger.stats.stored == 200
+    assert 0 < ledger.stats.max_lag_ms < 50 + 150  # interval + a loaded box's flush

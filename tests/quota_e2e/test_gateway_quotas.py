@@ -1,0 +1,133 @@
+"""Quotas through real gateway processes sharing one real Redis: exact, and honest when down."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.sim.server import SimServer
+from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.quota.servers import RedisProc
+
+AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
+
+
+def _policy(sim_url: str, limits: dict[str, int], outage: str = "closed",
+            processes: int = 1) -> dict[str, Any]:
+    data = policy({"chat": [sim_url]})
+    data["auth"]["keys"][0]["tenant"] = "acme"
+    data["plans"] = [{"name": "p", "limits": limits}]
+    data["tenants"] = [{"name": "acme", "plan": "p"}]
+    data["store"] = {"outage": outage, "processes": processes}
+    return data
+
+
+def _chat(url: str, **kw: Any) -> httpx.Response:
+    body = {"model": "chat-model", "max_tokens": 3,
+            "messages": [{"role": "user", "content": "hi"}], **kw}
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=AUTH, timeout=20)
+
+
+@pytest.fixture()
+def redis(tmp_path: Path) -> Iterator[RedisProc]:
+    proc = RedisProc(tmp_path).start()
+    os.environ["GATEWAY_REDIS_URL"] = proc.url
+    try:
+        yield proc
+    finally:
+        os.environ.pop("GATEWAY_REDIS_URL", None)
+        proc.stop()
+
+
+def test_rpm_exact_across_three_gateways(redis: RedisProc, tmp_path: Path) -> None:
+    """3 gateway processes, 24 concurrent clients, rpm 40: exactly 40 admitted in the window."""
+    with SimServer("interactive", speedup=20) as sim:
+        data = _policy(sim.url, {"rpm": 40})
+        gws = [GatewayProcess(tmp_path, data).start() for _ in range(3)]
+        try:
+            codes: list[int] = []
+            lock = threading.Lock()
+
+            def client(i: int) -> None:
+                url = gws[i % 3].url
+                for _ in range(5):
+                    code = _chat(url).status_code
+                    with lock:
+                        codes.append(code)
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(24)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert len(codes) == 120
+            assert codes.count(200) == 40, {c: codes.count(c) for c in set(codes)}
+            assert codes.count(429) == 80
+            r = _chat(gws[1].url)
+            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+            assert "rpm" in r.json()["error"]["message"]
+        finally:
+            for gw in gws:
+                gw.stop()
+
+
+def test_concurrency_exact_across_gateways(redis: RedisProc, tmp_path: Path) -> None:
+    """concurrency 4 over 2 gateways: never more than 4 streams in flight at the engine."""
+    with SimServer("interactive", speedup=2) as sim:
+        data = _policy(sim.url, {"concurrency": 4})
+        gws = [GatewayProcess(tmp_path, data).start() for _ in range(2)]
+        try:
+            peak = 0
+            stop = threading.Event()
+
+            def watch() -> None:
+                nonlocal peak
+                while not stop.is_set():
+                    peak = max(peak, sim.stats()["running"] + sim.stats()["waiting"])
+                    time.sleep(0.005)
+
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            codes: list[int] = []
+
+            def client(i: int) -> None:
+                codes.append(_chat(gws[i % 2].url, max_tokens=60).status_code)
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            stop.set()
+            watcher.join()
+            assert codes.count(200) >= 4 and peak <= 4, (peak, codes)
+            assert set(codes) <= {200, 429}
+        finally:
+            for gw in gws:
+                gw.stop()
+
+
+def test_redis_down_fail_closed_and_open(redis: RedisProc, tmp_path: Path) -> None:
+    """Redis killed: fail-closed answers 503 fast; fail-open serves on local limits."""
+    with SimServer("interactive", speedup=20) as sim:
+        closed = GatewayProcess(tmp_path, _policy(sim.url, {"rpm": 1000}, "closed")).start()
+        opened = GatewayProcess(tmp_path, _policy(sim.url, {"rpm": 1000}, "open")).start()
+        try:
+            assert _chat(closed.url).status_code == 200
+            assert _chat(opened.url).status_code == 200
+            redis.kill()
+            t0 = time.monotonic()
+            r = _chat(closed.url)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "quota_unavailable"
+            assert time.monotonic() - t0 < 1.0
+            assert _chat(opened.url).status_code == 200
+        finally:
+            closed.stop()
+            opened.stop()
