@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any, cast
 from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
-from gateway.api.admin import admin_handlers, reload_logged
+from gateway.api.admin import admin_handlers, check_admin, reload_logged
 from gateway.api.health import Readiness
 from gateway.api.models import ModelsHandler
 from gateway.api.parse import ENDPOINTS
 from gateway.api.proxy import ProxyHandler, request_id_for
+from gateway.api.usage import usage_handlers
 from gateway.config import load_policy
 from gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound, error_body
 from gateway.runtime import Gateway
@@ -178,7 +179,13 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
         }
         return Response(body, status_code=200 if ready else 503)
 
-    handlers += [healthz, readyz, *admin_handlers(gateway)]
+    @get("/metrics")
+    async def metrics() -> Response[bytes]:
+        body, content_type = gateway.metrics.render()
+        return Response(body, media_type=content_type)
+
+    handlers += [healthz, readyz, metrics, *admin_handlers(gateway),
+                 *usage_handlers(gateway, check_admin)]
     app = GatewayApp(
         route_handlers=handlers,
         lifespan=[lifespan],

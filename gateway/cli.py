@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli_keys import add_keys_parser
 
     add_keys_parser(sub)
+    from gateway.cli_usage import add_usage_parser
+
+    add_usage_parser(sub)
 
     demo = sub.add_parser(
         "demo",

@@ -46,6 +46,7 @@ class RequestContext:
     error: str | None = None
     usage: TokenUsage | None = None  # filled by accounting once the response is over
     quota: str | None = None  # admitted | rejected:<limit> | unavailable (None: no limits)
+    admitted: bool = False  # passed admission: one usage record will be written
 
     @property
     def ttft_ms(self) -> float | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -22,8 +23,10 @@ from gateway.auth.keystore import KeyStore
 from gateway.auth.manage import open_keystore
 from gateway.auth.resolver import KeyResolver
 from gateway.config import key_hashes, load_policy
+from gateway.ledger import Ledger, MemoryLedger, RedisLedger
 from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, RedisQuotaStore
 from gateway.routing.router import Router
+from gateway.telemetry import LogSettings, Metrics, RequestTracing, setup_logging
 from gateway.upstream.base import make_upstream
 from gateway.upstream.monitors import Monitors
 
@@ -40,6 +43,22 @@ def _without_none(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _without_none(v) for k, v in value.items() if v is not None}
     return value
+
+
+def _secrets(policy: Policy) -> tuple[str, ...]:
+    """Values the logs must never show: backend keys, the admin token, the key secret."""
+    names = {b.api_key_env for p in policy.pools for b in p.backends if b.api_key_env}
+    names |= {"GATEWAY_ADMIN_TOKEN", policy.auth.key_secret_env, policy.store.redis_url_env}
+    return tuple(v for n in sorted(names) if (v := os.environ.get(n)) and len(v) >= 6)
+
+
+def make_ledger(store: Store) -> Ledger:
+    """Usage records to Redis (spooling when it is away), or to the local spool alone."""
+    url = os.environ.get(store.redis_url_env)
+    if url:
+        return RedisLedger.from_url(url, spool_dir=store.spool_dir, cluster=store.cluster,
+                                    timeout=store.timeout)
+    return MemoryLedger(store.spool_dir)
 
 
 def make_quota_store(store: Store) -> QuotaStore:
@@ -95,6 +114,11 @@ class Gateway:
             server.upstream_client, server.timeouts, server.keepalive_per_backend
         )
         self.quota = make_quota_store(policy.store)
+        self.ledger = make_ledger(policy.store)
+        self.tracing = RequestTracing.from_env()
+        self.metrics = Metrics(enabled=True, tenant_label=False, tenant_cap=100)
+        self.access_log = setup_logging(LogSettings.from_env(secrets=_secrets(policy)))
+        self._gauges: asyncio.Task[None] | None = None
         self.keystore: KeyStore | None = None
         if policy.store.keys_file is not None or os.environ.get(policy.store.redis_url_env):
             self.keystore = open_keystore(policy)
@@ -116,6 +140,8 @@ class Gateway:
 
     async def start(self) -> None:
         await self.upstream.start()
+        await self.ledger.start()
+        self._gauges = asyncio.create_task(self._gauge_loop())
         self._monitors = Monitors(list(self.runtime.router.pools.values()), self.upstream)
         self._monitors.start()
 
@@ -128,6 +154,26 @@ class Gateway:
         if self.keystore is not None:
             await self.keystore.aclose()
         await self.quota.aclose()
+        if self._gauges is not None:
+            self._gauges.cancel()
+        await self.ledger.close()  # drains buffered usage records to Redis or the spool
+        self.tracing.shutdown()
+        self.metrics.flush()
+        self.access_log.close()
+
+    async def _gauge_loop(self) -> None:
+        """In-flight, queue depth, health and Redis reachability, once a second."""
+        while True:
+            now = time.monotonic()
+            for pool in self.runtime.router.pools.values():
+                self.metrics.set_queue_depth(pool.name, pool.queued)
+                for b in pool.backends:
+                    self.metrics.set_inflight(pool.name, b.label, b.in_flight)
+                    self.metrics.set_backend_health(pool.name, b.label, b.healthy(now))
+            degraded = getattr(self.quota, "degraded", None)
+            if degraded is not None:
+                self.metrics.set_redis_up(not degraded)
+            await asyncio.sleep(1.0)
 
     async def reload(self, policy: Policy | None = None) -> Runtime:
         """Swap in a new policy (re-read from ``source`` when none is given).

@@ -77,6 +77,8 @@ class GatewayProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = tmp / f"policy-{self.port}.yaml"
+        store = policy_data.setdefault("store", {})
+        store.setdefault("spool_dir", str(tmp / f"spool-{self.port}"))
         self.config.write_text(yaml.safe_dump(policy_data))
         self.workers = workers
         self.proc: subprocess.Popen[bytes] | None = None

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from gateway.auth.keystore import KeyStore
     from gateway.runtime import Gateway
 
-__all__ = ["ADMIN_TOKEN_ENV", "admin_handlers", "reload_logged"]
+__all__ = ["ADMIN_TOKEN_ENV", "admin_handlers", "check_admin", "reload_logged"]
 
 ADMIN_TOKEN_ENV = "GATEWAY_ADMIN_TOKEN"
 _log = logging.getLogger("gateway.admin")
@@ -47,7 +47,7 @@ async def reload_logged(gateway: Gateway, trigger: str) -> dict[str, Any]:
     }
 
 
-def _check_admin(request: Request[Any, Any, Any]) -> None:
+def check_admin(request: Request[Any, Any, Any]) -> None:
     token = os.environ.get(ADMIN_TOKEN_ENV)
     if not token:
         raise RouteNotFound(f"Unknown route: {request.method} {request.url.path}")
@@ -63,13 +63,13 @@ def admin_handlers(gateway: Gateway) -> list[Any]:
 
     @post("/admin/reload", status_code=200)
     async def reload(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
-        _check_admin(request)
+        check_admin(request)
         result = await reload_logged(gateway, "POST /admin/reload")
         return Response(result, status_code=200 if result["reloaded"] else 422)
 
     @post("/admin/stats", status_code=200)
     async def stats(request: Request[Any, Any, Any]) -> dict[str, Any]:
-        _check_admin(request)
+        check_admin(request)
         router = gateway.runtime.router
         return {
             "pools": {
@@ -92,7 +92,7 @@ def admin_handlers(gateway: Gateway) -> list[Any]:
 
     @post("/admin/keys", status_code=201)
     async def create(request: Request[Any, Any, Any]) -> dict[str, Any]:
-        _check_admin(request)
+        check_admin(request)
         store = _store(gateway)
         body = await request.json()
         if not isinstance(body, dict) or not isinstance(body.get("tenant"), str):
@@ -112,13 +112,13 @@ def admin_handlers(gateway: Gateway) -> list[Any]:
     @get("/admin/keys")
     async def list_keys(request: Request[Any, Any, Any], tenant: str | None = None
                         ) -> list[dict[str, Any]]:
-        _check_admin(request)
+        check_admin(request)
         _log.info("admin: keys listed (tenant=%s)", tenant)
         return [public_view(r) for r in await _store(gateway).list(tenant)]
 
     @post("/admin/keys/{key_id:str}/revoke", status_code=200)
     async def revoke(request: Request[Any, Any, Any], key_id: str) -> dict[str, Any]:
-        _check_admin(request)
+        check_admin(request)
         record = await _store(gateway).revoke(key_id)
         if record is None:
             raise RouteNotFound(f"no key with id {key_id!r}")

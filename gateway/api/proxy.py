@@ -43,6 +43,7 @@ from gateway.errors import (
     RateLimited,
     ServerShuttingDown,
 )
+from gateway.ledger import make_record
 from gateway.quota import QuotaRequest, QuotaUnavailable
 from gateway.quota.admission import Admission, scopes_for
 from gateway.routing.classes import resolve_class
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from gateway.quota import Scope as QuotaScope
     from gateway.routing.router import Router
     from gateway.runtime import Gateway, Runtime
+    from gateway.telemetry import RequestSpan
     from gateway.types import Message, RawHeaders, Receive, Scope, Send
     from gateway.upstream.forward import Forwarded
 
@@ -90,9 +92,12 @@ class _Watch:
     Attached lazily (after :data:`WATCH_AFTER_S`): it needs a task of its own on ``receive()``.
     """
 
-    __slots__ = ("_future", "_receive", "_task", "_timer", "active", "client_gone")
+    __slots__ = ("_ctx", "_future", "_receive", "_task", "_timer", "active", "client_gone")
 
-    def __init__(self, receive: Receive, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, receive: Receive, loop: asyncio.AbstractEventLoop, ctx: RequestContext
+    ) -> None:
+        self._ctx = ctx
         task = asyncio.current_task(loop)
         assert task is not None
         self._task = task
@@ -109,6 +114,8 @@ class _Watch:
 
     def _on_message(self, future: asyncio.Future[Message]) -> None:
         if not self.active or future.cancelled() or future.exception() is not None:
+            return
+        if self._ctx.finished_ns is not None:  # the response is complete: nothing to cancel
             return
         if future.result().get("type") == "http.disconnect":
             self.client_gone = True
@@ -132,7 +139,10 @@ class ProxyHandler:
         ctx = RequestContext(request_id_for(scope), self.endpoint.path)
         id_header: RawHeaders = [(b"x-request-id", ctx.request_id.encode())]
         watch: _Watch | None = None
-        runtime = self.gateway.runtime  # this request's policy snapshot, whatever reloads happen
+        gateway = self.gateway
+        runtime = gateway.runtime  # this request's policy snapshot, whatever reloads happen
+        span = gateway.tracing.start(scope["headers"], ctx)
+        parsed: ParsedRequest | None = None
         try:
             if scope["method"] != "POST":
                 raise MethodNotAllowed(
@@ -144,10 +154,12 @@ class ProxyHandler:
             identity = await self._authenticate(runtime, scope, ctx)
             body = await read_body(scope, receive, runtime.policy.server.max_body_bytes)
             parsed = parse_request(body, self.endpoint)
-            watch = _Watch(receive, asyncio.get_running_loop())
-            await self._proxy(runtime, identity, scope, ctx, parsed, body, send, id_header)
+            watch = _Watch(receive, asyncio.get_running_loop(), ctx)
+            await self._proxy(runtime, identity, scope, ctx, parsed, body, send, id_header, span)
         except GatewayError as exc:
-            ctx.outcome, ctx.status, ctx.error = "rejected", exc.status, exc.message
+            if ctx.outcome == "pending":
+                ctx.outcome = "failed" if ctx.admitted else "rejected"
+            ctx.status, ctx.error = exc.status, exc.message
             if not ctx.response_started:
                 await send_error(send, exc, id_header)
         except ClientGone:
@@ -164,6 +176,26 @@ class ProxyHandler:
         finally:
             if watch is not None:
                 watch.stop()
+            self._record(runtime, ctx, parsed, span)
+
+    def _record(
+        self, runtime: Runtime, ctx: RequestContext, parsed: ParsedRequest | None,
+        span: RequestSpan,
+    ) -> None:
+        """The request's telemetry and, if it was admitted, its one usage record."""
+        if ctx.finished_ns is None:
+            ctx.finished_ns = time.perf_counter_ns()
+        gateway = self.gateway
+        tenant = runtime.tenants.get(ctx.tenant or "")
+        span.end(ctx, payload=parsed.payload if parsed is not None else None,
+                 record_content=tenant.record_content if tenant else False)
+        gateway.metrics.observe_request(ctx)
+        gateway.access_log(ctx, span=span)
+        if ctx.admitted:
+            gateway.ledger.write_nowait(make_record(
+                ctx, ctx.usage, tenant=ctx.tenant or "default",
+                currency=runtime.prices.currency,
+            ))
 
     async def _authenticate(
         self, runtime: Runtime, scope: Scope, ctx: RequestContext
@@ -190,6 +222,7 @@ class ProxyHandler:
         body: bytes,
         send: Send,
         extra: RawHeaders,
+        span: RequestSpan,
     ) -> None:
         """Classify, route, forward (with retries), relay; release the backend on every path."""
         model = runtime.models.get(parsed.model)
@@ -227,6 +260,7 @@ class ProxyHandler:
             (b"accept-encoding", b"identity"),
             (b"x-request-id", ctx.request_id.encode()),
         )
+        headers = span.propagate(headers)
         if model.shadow is not None:
             start_shadow(self.gateway, runtime, model.shadow, self.endpoint.path, parsed,
                          headers)
@@ -241,10 +275,12 @@ class ProxyHandler:
             split = self._count(model, parsed)
             admission = Admission(self.gateway.quota)
             await self._admit(admission, ctx, model, parsed, split, scopes)
+        ctx.admitted = True  # from here on the request leaves exactly one usage record
         forwarded: Forwarded | None = None
         try:
             forwarded = await forward(router, self.gateway.upstream, route, ctx,
-                                      self.endpoint.path, body, headers, timeouts)
+                                      self.endpoint.path, body, headers, timeouts, span,
+                                      self.gateway.metrics)
             extra.append((b"x-gateway-pool", forwarded.pool.name.encode()))
             try:
                 await relay_response(forwarded, ctx, send, extra, scanner)
@@ -284,6 +320,7 @@ class ProxyHandler:
             ) from exc
         if not decision.admitted:
             ctx.quota = f"rejected:{decision.limit}"
+            self.gateway.metrics.quota_rejected(str(decision.limit), ctx.tenant)
             wait = max(1, math.ceil(decision.retry_after))
             raise RateLimited(
                 f"Rate limit reached: {decision.limit} of {decision.scope} for tenant "

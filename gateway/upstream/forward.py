@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from gateway.errors import BackendFailure, GatewayError, NoBackendAvailable, RateLimited
 from gateway.routing.errors import NoHealthyBackend, PoolCoolingDown, PoolSaturated
 from gateway.routing.retry import RETRYABLE_STATUS, backoff
+from gateway.telemetry.spans import NOOP_SPAN
 from gateway.upstream.errors import UpstreamError
 from gateway.upstream.translate import as_gateway_error
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from gateway.routing.backend import BackendState
     from gateway.routing.pool import PoolState
     from gateway.routing.router import Route, Router
+    from gateway.telemetry import Metrics, RequestSpan
     from gateway.types import RawHeaders
     from gateway.upstream.base import UpstreamClient, UpstreamResponse
 
@@ -66,6 +68,8 @@ async def forward(
     body: bytes,
     headers: RawHeaders,
     timeouts: Timeouts,
+    span: RequestSpan = NOOP_SPAN,
+    metrics: Metrics | None = None,
 ) -> Forwarded:
     """Attempt until a backend answers; raises the last failure as a GatewayError."""
     retry = router.policy.routing.retry
@@ -104,11 +108,16 @@ async def forward(
         route.tried.append(backend)
         ctx.attempts += 1
         ctx.pool, ctx.backend = pool.name, backend.label
+        ejected_before = backend.ejections
         try:
-            return await _attempt(upstream, pool, backend, ctx, endpoint, body, headers, timeouts)
+            with span.attempt(backend.label, pool.name):
+                return await _attempt(upstream, pool, backend, ctx, endpoint, body, headers,
+                                      timeouts)
         except _Failed as failed:
             last = failed.error
             pool.release(backend)
+            if metrics is not None and backend.ejections > ejected_before:
+                metrics.ejection(pool.name, backend.label)
         except BaseException:
             pool.release(backend)
             raise

@@ -1,0 +1,165 @@
+"""Usage records through the gateway: one per admitted request, exact against the simulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.sim.server import SimServer
+from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.quota.servers import RedisProc
+
+ADMIN = "admin-ledger-test"
+AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
+OTHER_KEY = "sk-gw-other-tenant-key-0123456789abcdef0123456789"
+
+
+def _policy(sim_url: str) -> dict[str, Any]:
+    import hashlib
+
+    data = policy({"chat": [sim_url]})
+    data["auth"]["keys"][0]["tenant"] = "acme"
+    data["auth"]["keys"].append({"id": "other", "tenant": "globex",
+                                 "sha256": hashlib.sha256(OTHER_KEY.encode()).hexdigest()})
+    data["plans"] = [{"name": "p", "limits": {"rpm": 10000}}]
+    data["tenants"] = [{"name": "acme", "plan": "p"}, {"name": "globex", "plan": "p"}]
+    data["prices"] = {"models": {"chat-model": {"input": "1.5", "output": "6"}}}
+    return data
+
+
+def _records(gw: GatewayProcess) -> list[dict[str, Any]]:
+    now = int(time.time() * 1000)
+    r = httpx.get(gw.url + "/admin/usage/export", headers={"Authorization": f"Bearer {ADMIN}"},
+                  params={"start_ms": now - 3_600_000, "end_ms": now + 60_000})
+    assert r.status_code == 200, r.text
+    return [json.loads(line) for line in r.text.splitlines() if line]
+
+
+def _wait_records(gw: GatewayProcess, n: int) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 5
+    while True:
+        records = _records(gw)
+        if len(records) >= n or time.monotonic() > deadline:
+            return records
+        time.sleep(0.1)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def setup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[GatewayProcess,
+                                                                               SimServer]]:
+    os.environ["GATEWAY_ADMIN_TOKEN"] = ADMIN
+    redis = RedisProc(tmp_path).start() if request.param == "redis" else None
+    if redis is not None:
+        os.environ["GATEWAY_REDIS_URL"] = redis.url
+    try:
+        with SimServer("interactive", speedup=10, jitter=0.0) as sim, \
+                GatewayProcess(tmp_path, _policy(sim.url)) as gw:
+            yield gw, sim
+    finally:
+        os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
+        os.environ.pop("GATEWAY_REDIS_URL", None)
+        if redis is not None:
+            redis.stop()
+
+
+def test_one_record_per_request_reconciles_with_simulator(setup) -> None:  # type: ignore[no-untyped-def]
+    """Every kind of request leaves one record; tokens equal what the simulator counted."""
+    gw, sim = setup
+    before = sim.stats()
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=TEST_KEY, max_retries=0)
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    reply = client.chat.completions.create(model="chat-model", messages=history, max_tokens=7)
+    history += [{"role": "assistant", "content": reply.choices[0].message.content or ""},
+                {"role": "user", "content": "And then?"}]
+    client.chat.completions.create(model="chat-model", messages=history, max_tokens=5)
+    for usage in (True, False):
+        opts = {"include_usage": True} if usage else None
+        list(client.chat.completions.create(model="chat-model", messages=history, max_tokens=9,
+                                            stream=True, stream_options=opts))
+    client.completions.create(model="chat-model", prompt="Once upon", max_tokens=4)
+    records = _wait_records(gw, 5)
+    assert len(records) == 5 and len({r["request_id"] for r in records}) == 5
+    after = sim.stats()
+    assert sum(r["output"] for r in records) == (
+        after["generated_tokens_total"] - before["generated_tokens_total"]) == 7 + 5 + 9 + 9 + 4
+    assert sum(r["prompt_total"] for r in records) == (
+        after["prompt_tokens_total"] - before["prompt_tokens_total"])
+    assert not any(r["estimated"] for r in records)
+    for r in records:
+        assert r["system"] + r["history"] + r["new"] + r["tools"] == r["prompt_total"]
+        assert r["tenant"] == "acme" and r["key_id"] == "test" and r["outcome"] == "completed"
+        assert r["cost_micros"] > 0
+    second = [r for r in records if r["history"] > 0]
+    assert len(second) == 3  # the follow-up turns re-send the first exchange as history
+    # totals by the tenant's own key; reconcile is clean
+    usage = httpx.get(gw.url + "/v1/usage", headers=AUTH).json()
+    assert sum(row["requests"] for row in usage["data"]) == 5
+    assert sum(row["output"] for row in usage["data"]) == 34
+    day = time.strftime("%Y-%m-%d", time.gmtime())
+    rec = httpx.get(gw.url + "/admin/usage/reconcile", params={"tenant": "acme", "day": day},
+                    headers={"Authorization": f"Bearer {ADMIN}"}).json()
+    assert rec["consistent"] is True
+
+
+def test_tenant_isolation(setup) -> None:  # type: ignore[no-untyped-def]
+    gw, _ = setup
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=TEST_KEY, max_retries=0)
+    client.chat.completions.create(model="chat-model", max_tokens=3,
+                                   messages=[{"role": "user", "content": "a"}])
+    _wait_records(gw, 1)
+    other = httpx.get(gw.url + "/v1/usage", headers={"Authorization": f"Bearer {OTHER_KEY}"})
+    assert other.status_code == 200 and other.json()["tenant"] == "globex"
+    assert other.json()["data"] == []
+    mine = httpx.get(gw.url + "/v1/usage", headers=AUTH, params={"tenant": "globex"}).json()
+    assert mine["tenant"] == "acme" and sum(r["requests"] for r in mine["data"]) == 1
+    assert httpx.get(gw.url + "/v1/usage").status_code == 401
+
+
+def test_disconnect_and_retries_leave_one_record_each(setup) -> None:  # type: ignore[no-untyped-def]
+    """A client that leaves mid-stream -> one estimated, cancelled record; a failed request
+    after admission -> one failed record."""
+    gw, sim = setup
+    body = {"model": "chat-model", "stream": True, "max_tokens": 3000,
+            "messages": [{"role": "user", "content": "long"}]}
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, headers=AUTH) as r:
+        for i, _ in enumerate(r.iter_raw()):
+            if i >= 5:
+                break
+    r = httpx.post(gw.url + "/v1/chat/completions", headers={**AUTH, "x-sim-error-status": "500"},
+                   json={"model": "chat-model", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 502
+    records = _wait_records(gw, 2)
+    assert len(records) == 2
+    cancelled = next(r for r in records if r["outcome"] == "cancelled")
+    assert cancelled["estimated"] is True and 0 < cancelled["output"] < 3000
+    failed = next(r for r in records if r["outcome"] == "failed")
+    assert failed["status"] == 502 and failed["attempts"] >= 1
+
+
+def test_usage_export_cli(tmp_path: Path) -> None:
+    """`gateway usage export` reads the embedded ledger's journal after the gateway stopped."""
+    with SimServer("interactive", speedup=10) as sim:
+        data = _policy(sim.url)
+        gw = GatewayProcess(tmp_path, data).start()
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key=TEST_KEY, max_retries=0)
+        for _ in range(3):
+            client.chat.completions.create(model="chat-model", max_tokens=2,
+                                           messages=[{"role": "user", "content": "a"}])
+        gw.stop()  # SIGTERM: the ledger drains to the journal
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "usage", "export", "--config", str(gw.config),
+         "--from", "2000-01-01", "--to", "2100-01-01", "--format", "csv"],
+        capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("request_id") and len(lines) == 4
