@@ -128,7 +128,7 @@ def test_tenant_isolation(setup) -> None:  # type: ignore[no-untyped-def]
 def test_disconnect_and_retries_leave_one_record_each(setup) -> None:  # type: ignore[no-untyped-def]
     """A client that leaves mid-stream -> one estimated, cancelled record; a failed request
     after admission -> one failed record."""
-    gw, sim = setup
+    gw, _ = setup
     body = {"model": "chat-model", "stream": True, "max_tokens": 3000,
             "messages": [{"role": "user", "content": "long"}]}
     with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, headers=AUTH) as r:
