@@ -36,7 +36,15 @@ def demo_policy(interactive_url: str, batch_url: str, key_sha256: str) -> dict[s
     """The demo's policy (the same shape as ``policies/demo.yaml``)."""
     return {
         "server": {"drain_timeout": 10},
-        "auth": {"required": True, "keys": [{"id": "demo", "sha256": key_sha256}]},
+        "auth": {"required": True, "keys": [{"id": "demo", "sha256": key_sha256,
+                                              "tenant": "demo", "allow_class_header": True}]},
+        "plans": [{
+            "name": "demo",
+            "limits": {"rpm": 600, "tpm": 2_000_000, "concurrency": 64,
+                       "tokens_per_day": 50_000_000, "tokens_per_month": 1_000_000_000},
+            "models": {"demo-bulk": {"concurrency": 48}},
+        }],
+        "tenants": [{"name": "demo", "plan": "demo"}],
         "pools": [
             {
                 "name": "interactive",

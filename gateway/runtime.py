@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -116,7 +117,10 @@ class Gateway:
         self.quota = make_quota_store(policy.store)
         self.ledger = make_ledger(policy.store)
         self.tracing = RequestTracing.from_env()
-        self.metrics = Metrics(enabled=True, tenant_label=False, tenant_cap=100)
+        self.metrics = Metrics(
+            enabled=os.environ.get("GATEWAY_METRICS", "on").lower() not in ("off", "0", "false"),
+            tenant_label=False, tenant_cap=100,
+        )
         self.access_log = setup_logging(LogSettings.from_env(secrets=_secrets(policy)))
         self._gauges: asyncio.Task[None] | None = None
         self.keystore: KeyStore | None = None
@@ -142,6 +146,32 @@ class Gateway:
         await self.upstream.start()
         await self.ledger.start()
         self._gauges = asyncio.create_task(self._gauge_loop())
+        interval = self.runtime.policy.server.watch_interval
+        if self.source is not None and interval > 0:
+            self.shadow_tasks.add(asyncio.create_task(self._watch_policy(interval)))
+
+    def _policy_mtime(self) -> float:
+        assert self.source is not None
+        path = Path(self.source)
+        try:
+            if path.is_dir():
+                return max((p.stat().st_mtime for p in path.iterdir()
+                            if p.suffix in (".yaml", ".yml")), default=0.0)
+            return path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    async def _watch_policy(self, interval: float) -> None:
+        """Reload when the policy file (or a file of the policy directory) changes."""
+        from gateway.api.admin import reload_logged
+
+        seen = self._policy_mtime()
+        while True:
+            await asyncio.sleep(interval)
+            mtime = self._policy_mtime()
+            if mtime != seen:
+                seen = mtime
+                await reload_logged(self, "file change")
         self._monitors = Monitors(list(self.runtime.router.pools.values()), self.upstream)
         self._monitors.start()
 
@@ -173,6 +203,7 @@ class Gateway:
             degraded = getattr(self.quota, "degraded", None)
             if degraded is not None:
                 self.metrics.set_redis_up(not degraded)
+            self.metrics.flush()  # with several workers, /metrics reads what each flushed
             await asyncio.sleep(1.0)
 
     async def reload(self, policy: Policy | None = None) -> Runtime:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from pathlib import Path
 
 import uvicorn
@@ -42,6 +43,9 @@ def serve(config: str, host: str, port: int, workers: int) -> None:
     # a no-op here makes a drained shutdown exit 0 instead of dying by the signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: None)
+    if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        # metrics from every worker, summed at /metrics (prometheus_client multiprocess mode)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gateway-metrics-")
     uvicorn.run(
         "gateway.app:app_from_env",
         factory=True,

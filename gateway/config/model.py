@@ -289,6 +289,9 @@ class Server(_Base, frozen=True):
     keepalive_per_backend: PositiveInt = 256
     #: readiness: how often /readyz may re-check backend reachability, in seconds
     ready_check_interval: PositiveFloat = 5.0
+    #: seconds between checks of the policy file for changes (0 = no watching; SIGHUP and
+    #: POST /admin/reload still reload)
+    watch_interval: Annotated[float, msgspec.Meta(ge=0)] = 2.0
     #: the upstream HTTP client: the lean built-in HTTP/1.1 client, or aiohttp
     upstream_client: Literal["native", "aiohttp"] = "native"
 

@@ -146,6 +146,7 @@ def test_demo_policy_file_matches_embedded_demo() -> None:
     assert [p["name"] for p in embedded["pools"]] == [p["name"] for p in shipped["pools"]]
     assert embedded["models"] == shipped["models"]
     assert embedded["prices"] == shipped["prices"]
+    assert embedded["plans"] == shipped["plans"] and embedded["tenants"] == shipped["tenants"]
 
 
 def test_published_schema_is_current() -> None:

@@ -294,3 +294,22 @@ def test_fallback_pool_takes_over(tmp_path: Path) -> None:
             r = _chat(gw)
             assert r.status_code == 200, r.text
             assert r.headers["x-gateway-pool"] == "spare"
+
+
+def test_policy_file_watch_reload(tmp_path: Path) -> None:
+    """Editing the policy file reloads it (no signal, no admin call); a broken edit keeps the
+    old policy."""
+    with SimServer("interactive", speedup=5) as sim:
+        data = policy({"chat": [sim.url]}, watch_interval=0.1)
+        with _gateway(tmp_path, data) as gw:
+            assert _chat(gw, model="renamed").status_code == 404
+            data["models"][0]["name"] = "renamed"
+            gw.config.write_text(yaml.safe_dump(data))
+            deadline = time.monotonic() + 5
+            while _chat(gw, model="renamed").status_code != 200:
+                assert time.monotonic() < deadline, "file change not picked up"
+                time.sleep(0.1)
+            gw.config.write_text("models: [broken")
+            time.sleep(0.5)
+            assert _chat(gw, model="renamed").status_code == 200
+            assert "rejected, keeping the old policy" in gw.output()

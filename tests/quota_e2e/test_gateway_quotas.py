@@ -131,3 +131,40 @@ def test_redis_down_fail_closed_and_open(redis: RedisProc, tmp_path: Path) -> No
         finally:
             closed.stop()
             opened.stop()
+
+
+def test_workers_on_one_port_exact_quota_ledger_metrics(redis: RedisProc, tmp_path: Path) -> None:
+    """`gateway serve --workers 3`: one port, one tenant; quota, ledger and metrics all exact."""
+    os.environ["GATEWAY_ADMIN_TOKEN"] = "adm"
+    try:
+        with SimServer("interactive", speedup=20) as sim:
+            gw = GatewayProcess(tmp_path, _policy(sim.url, {"rpm": 30}), workers=3).start()
+            try:
+                codes: list[int] = []
+                lock = threading.Lock()
+
+                def client() -> None:
+                    for _ in range(5):
+                        code = _chat(gw.url).status_code
+                        with lock:
+                            codes.append(code)
+
+                threads = [threading.Thread(target=client) for _ in range(12)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                assert codes.count(200) == 30 and codes.count(429) == 30
+                time.sleep(1.5)  # each worker flushes its metrics once a second
+                text = httpx.get(gw.url + "/metrics").text
+                ok = sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+                         if ln.startswith("gateway_requests_total{") and 'status="200"' in ln)
+                assert ok == 30, [ln for ln in text.splitlines() if "requests_total" in ln]
+                usage = httpx.get(gw.url + "/admin/usage", params={"tenant": "acme"},
+                                  headers={"Authorization": "Bearer adm"}).json()
+                assert sum(r["requests"] for r in usage["data"]) == 30
+                assert sum(r["output"] for r in usage["data"]) == 30 * 3
+            finally:
+                gw.stop()
+    finally:
+        os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
