@@ -146,6 +146,8 @@ class Gateway:
         await self.upstream.start()
         await self.ledger.start()
         self._gauges = asyncio.create_task(self._gauge_loop())
+        self._monitors = Monitors(list(self.runtime.router.pools.values()), self.upstream)
+        self._monitors.start()
         interval = self.runtime.policy.server.watch_interval
         if self.source is not None and interval > 0:
             self.shadow_tasks.add(asyncio.create_task(self._watch_policy(interval)))
@@ -172,8 +174,6 @@ class Gateway:
             if mtime != seen:
                 seen = mtime
                 await reload_logged(self, "file change")
-        self._monitors = Monitors(list(self.runtime.router.pools.values()), self.upstream)
-        self._monitors.start()
 
     async def close(self) -> None:
         if self._monitors is not None:

@@ -83,7 +83,7 @@ class Monitors:
         try:
             status, _ = await self.upstream.get(_base(backend) + health.path, health.timeout)
             ok = 200 <= status < 300
-        except UpstreamError:
+        except (UpstreamError, OSError, TimeoutError):
             ok = False
         was_ejected = bool(backend.ejected_until)
         if ok:
@@ -98,7 +98,11 @@ class Monitors:
     async def _check_loop(self, pool: PoolState) -> None:
         interval = pool.config.health.interval
         while True:
-            await asyncio.gather(*(self.check(pool, b) for b in pool.backends))
+            results = await asyncio.gather(*(self.check(pool, b) for b in pool.backends),
+                                           return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):  # never let the loop die
+                    _log.error("health check of pool %s failed: %r", pool.name, result)
             await asyncio.sleep(interval)
 
     async def scrape(self, pool: PoolState, backend: BackendState) -> None:
@@ -106,7 +110,7 @@ class Monitors:
         assert signals is not None
         try:
             status, body = await self.upstream.get(_base(backend) + signals.path, signals.timeout)
-        except UpstreamError:
+        except (UpstreamError, OSError, TimeoutError):
             return
         if status == 200:
             waiting, kv = parse_engine_metrics(body)
@@ -117,5 +121,6 @@ class Monitors:
         signals = pool.config.signals
         assert signals is not None
         while True:
-            await asyncio.gather(*(self.scrape(pool, b) for b in pool.backends))
+            await asyncio.gather(*(self.scrape(pool, b) for b in pool.backends),
+                                 return_exceptions=True)
             await asyncio.sleep(signals.interval)
