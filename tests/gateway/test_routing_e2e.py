@@ -197,7 +197,7 @@ def test_retry_budget_caps_retries(tmp_path: Path) -> None:
 def test_live_weight_change_under_load(tmp_path: Path) -> None:
     """Reloading new weights under load fails no request and moves traffic."""
     with SimServer("interactive", speedup=5) as a, SimServer("interactive", speedup=5) as b:
-        data = policy({"chat": [a.url], "canary": [b.url]})
+        data = policy({"chat": [a.url], "canary": [b.url]}, watch_interval=0)
         data["models"][0]["versions"] = [
             {"backend_model": "v1", "weight": 100, "pool": "chat"},
             {"backend_model": "v2", "weight": 0, "pool": "canary"},
