@@ -18,11 +18,14 @@ from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
 from gateway.api.admin import admin_handlers, check_admin, reload_logged
+from gateway.api.batches import batch_handlers, line_executor
+from gateway.api.files import file_handlers
 from gateway.api.health import Readiness
 from gateway.api.models import ModelsHandler
 from gateway.api.parse import ENDPOINTS
 from gateway.api.proxy import ProxyHandler, request_id_for
 from gateway.api.usage import usage_handlers
+from gateway.batch import BatchRunner
 from gateway.config import load_policy
 from gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound, error_body
 from gateway.runtime import Gateway
@@ -156,10 +159,14 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
 
     handlers: list[Any] = []
     fast_routes: dict[str, ASGIApp] = {}
+    proxies: dict[str, ProxyHandler] = {}
     for path, endpoint in ENDPOINTS.items():
-        handler: ASGIApp = ProxyHandler(gateway, endpoint)
+        handler: ASGIApp = proxies.setdefault(path, ProxyHandler(gateway, endpoint))
         fast_routes[path] = handler
         handlers.append(asgi(path, name=endpoint.operation, copy_scope=False)(handler))
+    # --- batch jobs (issue 9): the runner's lines go through the same proxy handlers
+    gateway.batch_runner = BatchRunner(gateway, gateway.batches, line_executor(proxies))
+    handlers += [*file_handlers(gateway), *batch_handlers(gateway)]
     models: ASGIApp = ModelsHandler(gateway)
     # a mount, because model ids may hold slashes ("meta-llama/Llama-3.1-8B")
     handlers.append(asgi("/v1/models", name="models", is_mount=True, copy_scope=True)(models))

@@ -47,6 +47,7 @@ class RequestContext:
     usage: TokenUsage | None = None  # filled by accounting once the response is over
     quota: str | None = None  # admitted | rejected:<limit> | unavailable (None: no limits)
     admitted: bool = False  # passed admission: one usage record will be written
+    batch_id: str | None = None  # set for the lines of a batch job (tags the usage record)
 
     @property
     def ttft_ms(self) -> float | None:

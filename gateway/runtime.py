@@ -23,9 +23,11 @@ from gateway.auth import StaticKeys
 from gateway.auth.keystore import KeyStore
 from gateway.auth.manage import open_keystore
 from gateway.auth.resolver import KeyResolver
+from gateway.batch import BatchRunner, make_batch_jobs
 from gateway.config import key_hashes, load_policy
 from gateway.ledger import Ledger, MemoryLedger, RedisLedger
 from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, RedisQuotaStore
+from gateway.quota.admission import scopes_for
 from gateway.routing.router import Router
 from gateway.telemetry import LogSettings, Metrics, RequestTracing, setup_logging
 from gateway.upstream.base import make_upstream
@@ -33,6 +35,7 @@ from gateway.upstream.monitors import Monitors
 
 if TYPE_CHECKING:
     from gateway.config import ApiKey, Model, Plan, Policy, Store, Tenant
+    from gateway.quota import Scope
 
 __all__ = ["Gateway", "Runtime"]
 
@@ -95,12 +98,29 @@ class Runtime:
         )
         self.tenants: dict[str, Tenant] = {t.name: t for t in policy.tenants}
         self.plans: dict[str, Plan] = {p.name: p for p in policy.plans}
+        self._scopes: dict[tuple[str | None, str | None, str], tuple[Scope, ...]] = {}
         self.models: dict[str, Model] = {m.name: m for m in policy.models}
         self.router: Router = Router(policy, previous.router if previous is not None else None)
         self.timeouts = {
             c.name: c.timeouts or policy.server.timeouts for c in policy.classes
         }
         self.prices = PriceTable.from_mapping(_without_none(msgspec.to_builtins(policy.prices)))
+
+    def scopes(
+        self, tenant: str | None, key_id: str | None, key_limits: dict[str, int] | None,
+        model: str,
+    ) -> tuple[Scope, ...]:
+        """The quota scopes of a (tenant, key, model), built once per policy and cached."""
+        cache_key = (tenant, key_id, model)
+        scopes = self._scopes.get(cache_key)
+        if scopes is None:
+            t = self.tenants.get(tenant or "")
+            plan = self.plans.get(t.plan) if t is not None else None
+            scopes = scopes_for(plan, key_id, key_limits, model)
+            if len(self._scopes) > 10_000:
+                self._scopes.clear()
+            self._scopes[cache_key] = scopes
+        return scopes
 
     def __repr__(self) -> str:
         return f"<Runtime [pools: {len(self.router.pools)} | models: {len(self.models)}]>"
@@ -135,6 +155,10 @@ class Gateway:
         self.shadow_tasks: set[asyncio.Task[Any]] = set()  # background tasks kept referenced
         self._monitors: Monitors | None = None
         self._reload_lock = asyncio.Lock()
+        # --- batch jobs (issue 9): files and state here; the runner is set by create_app,
+        # which knows the proxy routes its lines go through
+        self.batches = make_batch_jobs(policy.batch, os.environ.get(policy.store.redis_url_env))
+        self.batch_runner: BatchRunner | None = None
 
     def counter(self, encoding: str) -> PromptCounter:
         counter = self.counters.get(encoding)
@@ -145,6 +169,9 @@ class Gateway:
     async def start(self) -> None:
         await self.upstream.start()
         await self.ledger.start()
+        await self.batches.open()  # batch jobs (issue 9)
+        if self.batch_runner is not None and self.runtime.policy.batch.run:
+            self.batch_runner.start()
         self._gauges = asyncio.create_task(self._gauge_loop())
         self._monitors = Monitors(list(self.runtime.router.pools.values()), self.upstream)
         self._monitors.start()
@@ -176,6 +203,8 @@ class Gateway:
                 await reload_logged(self, "file change")
 
     async def close(self) -> None:
+        if self.batch_runner is not None:  # batch jobs (issue 9): lines in flight finish and
+            await self.batch_runner.stop()  # are recorded while upstream and ledger are open
         if self._monitors is not None:
             await self._monitors.stop()
         for task in list(self.shadow_tasks):
@@ -187,6 +216,7 @@ class Gateway:
         if self._gauges is not None:
             self._gauges.cancel()
         await self.ledger.close()  # drains buffered usage records to Redis or the spool
+        await self.batches.close()  # batch jobs (issue 9)
         self.tracing.shutdown()
         self.metrics.flush()
         self.access_log.close()

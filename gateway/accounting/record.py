@@ -101,7 +101,9 @@ def account_stream(
     if remember_reply:
         reply = scanner.reply_text()
         if reply:
-            counter.remember_reply(reply)
+            counter.remember_reply(
+                reply, reported.completion_tokens if reported is not None else estimate
+            )
     return account(split, reported, estimated_output=estimate, price=price, batch=batch)
 
 
@@ -122,5 +124,7 @@ def account_body(
     text = text_from_body(body) if reported is None or remember_reply else ""
     estimate = 0 if reported is not None else counter.count_text(text)
     if remember_reply and text:
-        counter.remember_reply(text)
+        counter.remember_reply(
+            text, reported.completion_tokens if reported is not None else estimate
+        )
     return account(split, reported, estimated_output=estimate, price=price, batch=batch)

@@ -30,7 +30,7 @@ import msgspec
 from gateway.accounting.cache import CountCache
 from gateway.accounting.messages import count_message, message_key
 from gateway.accounting.tools import FUNC_INIT, count_tools
-from gateway.tokenizers import REPLY_PRIMING, get_encoding
+from gateway.tokenizers import REPLY_PRIMING, TOKENS_PER_MESSAGE, get_encoding
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -66,13 +66,14 @@ class PromptCounter:
     Not thread-safe: use it from one event loop.
     """
 
-    __slots__ = ("_cache", "_encode", "_func_init", "encoding")
+    __slots__ = ("_assistant_role_tokens", "_cache", "_encode", "_func_init", "encoding")
 
     def __init__(self, encoding: str = "o200k_base", *, cache_size: int = 100_000) -> None:
         self.encoding = encoding
         self._encode = get_encoding(encoding).encode_ordinary
         self._func_init = FUNC_INIT.get(encoding, FUNC_INIT["o200k_base"])
         self._cache: CountCache[MessageCount] = CountCache(cache_size)
+        self._assistant_role_tokens = len(self._encode("assistant"))
 
     @property
     def cache(self) -> CountCache[MessageCount]:
@@ -82,14 +83,19 @@ class PromptCounter:
         """Tokens of plain text (used for delivered output when the backend reports no usage)."""
         return len(self._encode(text))
 
-    def remember_reply(self, text: str) -> int:
+    def remember_reply(self, text: str, tokens: int | None = None) -> int:
         """Count a reply once it has been delivered, so the next turn finds it in the cache.
 
         The client re-sends it as ``{"role": "assistant", "content": text}``; counting it now,
-        after the response went out, keeps that work off the next request. Returns its tokens.
+        after the response went out, keeps that work off the next request. When the backend
+        reported the reply's ``tokens`` (its completion tokens), they are used as they are and
+        nothing is tokenised. Returns the message's tokens including its framing.
         """
         message = {"role": "assistant", "content": text}
-        counted = count_message(message, self._encode)
+        if tokens is not None:
+            counted = (TOKENS_PER_MESSAGE + self._assistant_role_tokens + tokens, 0)
+        else:
+            counted = count_message(message, self._encode)
         self._cache.put(message_key(message), counted)
         return counted[0]
 

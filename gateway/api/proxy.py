@@ -15,6 +15,7 @@ import math
 import os
 import re
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -32,6 +33,7 @@ from gateway.api.parse import parse_request
 from gateway.api.relay import relay_response
 from gateway.api.shadow import start_shadow
 from gateway.auth import bearer_token
+from gateway.batch.runner import LineAnswer
 from gateway.context import RequestContext
 from gateway.errors import (
     AuthenticationFailed,
@@ -45,14 +47,16 @@ from gateway.errors import (
 )
 from gateway.ledger import make_record
 from gateway.quota import QuotaRequest, QuotaUnavailable
-from gateway.quota.admission import Admission, scopes_for
+from gateway.quota.admission import Admission
 from gateway.routing.classes import resolve_class
+from gateway.upstream.deadlines import wheel
 from gateway.upstream.forward import forward
 from gateway.upstream.headers import request_headers
 
 if TYPE_CHECKING:
     from gateway.api.parse import Endpoint, ParsedRequest
     from gateway.auth.resolver import Identity
+    from gateway.batch.runner import LineCall
     from gateway.config import Model
     from gateway.quota import Scope as QuotaScope
     from gateway.routing.router import Router
@@ -61,7 +65,7 @@ if TYPE_CHECKING:
     from gateway.types import Message, RawHeaders, Receive, Scope, Send
     from gateway.upstream.forward import Forwarded
 
-__all__ = ["ProxyHandler", "request_id_for"]
+__all__ = ["INTERNAL", "InternalCall", "ProxyHandler", "call_internal", "request_id_for"]
 
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 _encoder = msgspec.json.Encoder()
@@ -92,7 +96,8 @@ class _Watch:
     Attached lazily (after :data:`WATCH_AFTER_S`): it needs a task of its own on ``receive()``.
     """
 
-    __slots__ = ("_ctx", "_future", "_receive", "_task", "_timer", "active", "client_gone")
+    __slots__ = ("_ctx", "_future", "_receive", "_task", "_timer", "_wheel", "active",
+                 "client_gone")
 
     def __init__(
         self, receive: Receive, loop: asyncio.AbstractEventLoop, ctx: RequestContext
@@ -105,7 +110,8 @@ class _Watch:
         self.active = True
         self.client_gone = False
         self._future: asyncio.Task[Message] | None = None
-        self._timer = loop.call_later(WATCH_AFTER_S, self._attach, loop)
+        self._wheel = wheel(loop)
+        self._timer = self._wheel.add(WATCH_AFTER_S, lambda: self._attach(loop))
 
     def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.active:
@@ -123,7 +129,7 @@ class _Watch:
 
     def stop(self) -> None:
         self.active = False
-        self._timer.cancel()
+        self._wheel.cancel(self._timer)
         if self._future is not None:
             self._future.cancel()
 
@@ -137,6 +143,9 @@ class ProxyHandler:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = RequestContext(request_id_for(scope), self.endpoint.path)
+        internal: InternalCall | None = scope.get(INTERNAL)
+        if internal is not None:  # a batch line (see call_internal)
+            ctx.batch_id, ctx.request_class = internal.batch_id, internal.request_class
         id_header: RawHeaders = [(b"x-request-id", ctx.request_id.encode())]
         watch: _Watch | None = None
         gateway = self.gateway
@@ -151,7 +160,7 @@ class ProxyHandler:
                 )
             if self.gateway.draining:
                 raise ServerShuttingDown("the gateway is shutting down; retry on another replica")
-            identity = await self._authenticate(runtime, scope, ctx)
+            identity = await self._authenticate(runtime, scope, ctx, internal)
             body = await read_body(scope, receive, runtime.policy.server.max_body_bytes)
             parsed = parse_request(body, self.endpoint)
             watch = _Watch(receive, asyncio.get_running_loop(), ctx)
@@ -194,12 +203,16 @@ class ProxyHandler:
         if ctx.admitted:
             gateway.ledger.write_nowait(make_record(
                 ctx, ctx.usage, tenant=ctx.tenant or "default",
-                currency=runtime.prices.currency,
+                batch_id=ctx.batch_id, currency=runtime.prices.currency,
             ))
 
     async def _authenticate(
-        self, runtime: Runtime, scope: Scope, ctx: RequestContext
+        self, runtime: Runtime, scope: Scope, ctx: RequestContext,
+        internal: InternalCall | None = None,
     ) -> Identity | None:
+        if internal is not None:  # authenticated when the batch was created
+            ctx.key_id, ctx.tenant = internal.identity.key_id, internal.identity.tenant
+            return internal.identity
         token = bearer_token(get_header(scope, b"authorization"))
         identity = await runtime.resolver.identify(token)
         if identity is None:
@@ -236,7 +249,7 @@ class ProxyHandler:
         header = get_header(scope, b"x-request-class")
         router = runtime.router
         tenant = runtime.tenants.get(ctx.tenant or "")
-        class_name = resolve_class(
+        class_name = ctx.request_class or resolve_class(
             runtime.policy.routing, router.classes,
             header.decode("latin-1") if header else None,
             identity is not None and identity.allow_class_header,
@@ -268,9 +281,8 @@ class ProxyHandler:
         timeouts = runtime.timeouts[class_name]
         split: PromptSplit | None = None
         admission: Admission | None = None
-        scopes = scopes_for(runtime.plans.get(runtime.tenants[ctx.tenant].plan)
-                            if ctx.tenant in runtime.tenants else None,
-                            ctx.key_id, identity.limits if identity else None, model.name)
+        scopes = runtime.scopes(ctx.tenant, ctx.key_id, identity.limits if identity else None,
+                                model.name)
         if scopes:  # admit: check and reserve every limit in one round trip
             split = self._count(model, parsed)
             admission = Admission(self.gateway.quota)
@@ -360,6 +372,59 @@ class ProxyHandler:
                             remember_reply=operation == "chat")
 
 
+# --- internal calls (batch lines) ------------------------------------------------------------
+#: scope key of an internal call; only in-process code can set it (never a client)
+INTERNAL = "gateway.internal"
+
+
+@dataclass(frozen=True, slots=True)
+class InternalCall:
+    """Who an internal request runs as, its class, and the batch it belongs to."""
+
+    identity: Identity
+    request_class: str
+    batch_id: str | None = None
+
+
+async def call_internal(handler: ProxyHandler, line: LineCall) -> LineAnswer:
+    """Run one batch line through ``handler`` exactly like a live request of its key.
+
+    A synthetic ASGI exchange: the scope carries the identity and the batch id (class
+    ``batch``) and the line's request id; ``receive`` yields the body and then never reports
+    a disconnect; ``send`` collects the answer. Quotas, routing, retries, accounting and the
+    usage record all apply as for a client's request.
+    """
+    scope: dict[str, object] = {
+        "type": "http", "method": "POST", "path": line.endpoint,
+        "headers": [(b"x-request-id", line.request_id.encode()),
+                    (b"content-length", str(len(line.body)).encode())],
+        INTERNAL: InternalCall(line.identity, "batch", line.batch_id),
+    }
+    sent = False
+    never: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": line.body, "more_body": False}
+        return await asyncio.shield(never)  # cancelled with its waiter, never resolved
+
+    status = 0
+    chunks: list[bytes] = []
+
+    async def send(message: Message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await handler(scope, receive, send)
+    return LineAnswer(status, b"".join(chunks))
+
+
+# ---------------------------------------------------------------------------------------------
 def _settle_backend(forwarded: Forwarded, ctx: RequestContext) -> None:
     """Feed the outcome to the backend's health and latency averages."""
     backend = forwarded.backend

@@ -142,6 +142,17 @@ def validate(policy: Policy, source: str = "<policy>") -> None:
         raise PolicyError(source, "$.auth.keys", "auth.required is true but no key is configured"
                           " (no static keys, no keys_file, no Redis for managed keys)")
     _validate_tenants(policy, source)
+    _validate_batch(policy, source)
+
+
+def _validate_batch(policy: Policy, source: str) -> None:
+    """Batch jobs run their lines in class ``batch``; leases must outlive a renewal tick."""
+    if policy.batch.run and "batch" not in {c.name for c in policy.classes}:
+        raise PolicyError(source, "$.classes", "batch jobs need a class named 'batch'"
+                          " (or set batch.run: false)")
+    if policy.batch.lease_seconds < 3 * policy.batch.poll_interval:
+        raise PolicyError(source, "$.batch.lease_seconds",
+                          "must be at least 3 x batch.poll_interval")
 
 
 def _validate_routing(policy: Policy, source: str, pools: set[str]) -> None:

@@ -16,6 +16,7 @@ __all__ = [
     "ApiKey",
     "Auth",
     "Backend",
+    "Batch",
     "Borrow",
     "Health",
     "LimitSet",
@@ -355,6 +356,40 @@ class Store(_Base, frozen=True):
     spool_dir: str = "./gateway-spool"
 
 
+# --- batch jobs (issue 9) -------------------------------------------------------------------
+class Batch(_Base, frozen=True):
+    """OpenAI batch jobs: file limits, where files live, and how the runner paces itself."""
+
+    #: uploaded and generated files (and, without Redis, the batch state database)
+    files_dir: str = "./gateway-files"
+    #: an uploaded batch file larger than this is refused (413)
+    max_file_bytes: PositiveInt = 100 * 1024 * 1024
+    #: requests (lines) per batch file, at most
+    max_lines: PositiveInt = 50_000
+    #: one line's request body, at most
+    max_line_bytes: PositiveInt = 1024 * 1024
+    #: how many line problems a refusal lists
+    report_errors: PositiveInt = 20
+    #: run batches in this process (false: this replica only serves the API)
+    run: bool = True
+    #: lines per lease: a process claims this many lines at a time
+    chunk_lines: PositiveInt = 64
+    #: a lease not renewed for this long is taken over by another process
+    lease_seconds: PositiveFloat = 30.0
+    #: how often each process looks for new, cancelled or finished batches
+    poll_interval: PositiveFloat = 0.5
+    #: batch lines in flight in one process, at most
+    max_in_flight: PositiveInt = 512
+    #: batch lines in flight in one process while interactive traffic is pressed (>= 1 keeps
+    #: batches moving)
+    min_in_flight: Annotated[int, msgspec.Meta(ge=0)] = 1
+    #: interactive pools count as pressed above this share of their capacity (or with a queue)
+    interactive_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
+    #: seconds a line refused for quota or capacity (429/503) waits before it is tried again
+    retry_after: PositiveFloat = 1.0
+
+
+# ---------------------------------------------------------------------------------------------
 class ApiKey(_Base, frozen=True):
     """A static API key, stored only as the sha256 of the key (or read from an env variable)."""
 
@@ -397,3 +432,4 @@ class Policy(_Base, frozen=True):
     plans: list[Plan] = msgspec.field(default_factory=list)
     tenants: list[Tenant] = msgspec.field(default_factory=list)
     store: Store = msgspec.field(default_factory=Store)
+    batch: Batch = msgspec.field(default_factory=Batch)

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from gateway.upstream.deadlines import wheel
 from gateway.upstream.errors import (
     UpstreamConnectError,
     UpstreamConnectTimeout,
@@ -295,7 +296,8 @@ class H1Response:
                 raise UpstreamTotalTimeout("the request's total time ran out")
             loop = asyncio.get_running_loop()
             ex.waiter = waiter = loop.create_future()
-            timer = loop.call_later(wait, waiter.cancel)
+            deadlines = wheel(loop)
+            timer = deadlines.add(wait, waiter.cancel)
             try:
                 await waiter
             except asyncio.CancelledError:
@@ -305,7 +307,7 @@ class H1Response:
                     raise UpstreamTotalTimeout("the request's total time ran out") from None
                 raise UpstreamIdleTimeout(f"backend went silent for {idle:g}s") from None
             finally:
-                timer.cancel()
+                deadlines.cancel(timer)
                 ex.waiter = None
 
     async def read(self) -> bytes:
@@ -399,7 +401,8 @@ class H1Upstream:
             conn = pool.take_idle() or await pool.connect(t.connect)
             ex = _Exchange(loop, deadline)
             conn.send(data, ex)
-            timer = loop.call_later(min(t.first_token, t.total), ex.headers_done.cancel)
+            deadlines = wheel(loop)
+            timer = deadlines.add(min(t.first_token, t.total), ex.headers_done.cancel)
             try:
                 await ex.headers_done
             except asyncio.CancelledError:
@@ -417,7 +420,7 @@ class H1Upstream:
                     continue  # a stale keep-alive connection: retry once on a fresh one
                 raise
             finally:
-                timer.cancel()
+                deadlines.cancel(timer)
             return H1Response(conn, ex, t.idle)
         raise AssertionError("unreachable")
 

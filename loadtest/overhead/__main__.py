@@ -38,6 +38,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--connections", default="1,64", help="comma-separated wrk -c values (1,64)")
     p.add_argument("--modes", default="non-stream,stream", help="non-stream,stream (both)")
     p.add_argument("--skip-gateway", action="store_true", help="measure direct and nginx only")
+    p.add_argument("--quotas", action="store_true",
+                   help="give the bench key's tenant a plan with every limit set (never "
+                   "refusing), so each request is admitted and settled; set GATEWAY_REDIS_URL "
+                   "in the environment to keep the counters in Redis")
     p.add_argument(
         "--gateway-cmd",
         default=None,
@@ -210,6 +214,7 @@ def run(args: argparse.Namespace, procs: ProcessSet, workdir: Path) -> report.Re
                     label=mode,
                     health_path=args.gateway_health,
                     ready_timeout=args.gateway_ready_timeout,
+                    quotas=args.quotas,
                 )
                 check_endpoint(gw_port, stream=stream, headers=headers)
                 ports["gateway"] = gw_port

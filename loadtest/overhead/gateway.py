@@ -24,15 +24,32 @@ def new_api_key() -> str:
     return f"sk-gw-bench-{secrets.token_hex(16)}"
 
 
-def config_yaml(api_key: str, backend_port: int) -> str:
-    """The gateway policy: one key, one pool with the nginx fixture backend, one model."""
+QUOTAS = """\
+plans:
+  - name: bench
+    limits: {rpm: 100000000, tpm: 100000000000, concurrency: 100000,
+             tokens_per_day: 100000000000000, tokens_per_month: 100000000000000}
+tenants:
+  - {name: bench, plan: bench}
+"""
+
+
+def config_yaml(api_key: str, backend_port: int, *, quotas: bool = False,
+                spool_dir: Path | None = None) -> str:
+    """The gateway policy: one key, one pool with the nginx fixture backend, one model; with
+    ``quotas`` the key's tenant has a plan with every limit set (high enough never to refuse,
+    so every request pays for the full check-and-reserve and the settle)."""
     digest = hashlib.sha256(api_key.encode()).hexdigest()
-    return f"""\
+    extra = QUOTAS if quotas else ""
+    if spool_dir is not None:
+        extra += f"store:\n  spool_dir: {spool_dir}\n"
+    return extra + f"""\
 server:
   max_body_bytes: 8388608
 auth:
   keys:
     - id: bench
+      tenant: bench
       sha256: {digest}
 pools:
   - name: bench
@@ -81,10 +98,12 @@ def start(
     label: str,
     health_path: str = HEALTH_PATH,
     ready_timeout: float = 60.0,
+    quotas: bool = False,
 ) -> Managed:
     """Write the config, start the gateway pinned to ``cpus``, wait for ``GET /healthz`` 200."""
     config = workdir / f"gateway-{label}.yaml"
-    config.write_text(config_yaml(api_key, backend_port))
+    config.write_text(config_yaml(api_key, backend_port, quotas=quotas,
+                                  spool_dir=workdir / f"spool-{label}"))
     cmd: Sequence[str] = command(template, config=config, port=port, backend_port=backend_port)
     managed = procs.start(f"gateway-{label}", pinned(cmd, cpus), workdir / f"gateway-{label}.log")
     try:

@@ -1,0 +1,85 @@
+"""``/v1/files``: upload a batch input file, read its metadata or content, delete it.
+
+Every file belongs to the caller's tenant (from the API key); another tenant's file id gets
+the same 404 as an unknown one. Uploads are multipart (``purpose=batch``, ``file``) as the
+OpenAI client sends them, limited to ``batch.max_file_bytes`` and validated line by line.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from litestar import Request, Response, delete, get, post
+from litestar.datastructures import UploadFile
+
+from gateway.auth import bearer_token
+from gateway.auth.resolver import Identity
+from gateway.batch import file_object
+from gateway.errors import AuthenticationFailed, InvalidRequest
+
+if TYPE_CHECKING:
+    from gateway.runtime import Gateway
+
+__all__ = ["file_handlers", "identify", "json_response"]
+
+_enc = msgspec.json.Encoder()
+#: room for the multipart framing and the other form fields around the file
+_FORM_SLACK = 64 * 1024
+
+
+def json_response(body: Any, status: int = 200) -> Response[bytes]:
+    return Response(_enc.encode(body), status_code=status, media_type="application/json")
+
+
+async def identify(gateway: Gateway, request: Request[Any, Any, Any]) -> Identity:
+    """The caller, from ``Authorization: Bearer``; 401 as for every other route."""
+    token = bearer_token(request.headers.get("authorization", "").encode() or None)
+    runtime = gateway.runtime
+    identity = await runtime.resolver.identify(token)
+    if identity is None:
+        if runtime.keys.required:
+            raise AuthenticationFailed(
+                "Invalid API key. Pass a valid key as 'Authorization: Bearer <key>'.")
+        return Identity("", "anonymous")
+    return identity
+
+
+def file_handlers(gateway: Gateway) -> list[Any]:
+    """Route handlers bound to one gateway."""
+    jobs = gateway.batches
+    limit = gateway.runtime.policy.batch.max_file_bytes + _FORM_SLACK
+
+    @post("/v1/files", request_max_body_size=limit, status_code=200)
+    async def upload(request: Request[Any, Any, Any]) -> Response[bytes]:
+        identity = await identify(gateway, request)
+        form = await request.form()
+        purpose = form.get("purpose")
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise InvalidRequest("'file' is required (multipart/form-data)", param="file")
+        if not isinstance(purpose, str):
+            raise InvalidRequest("'purpose' is required", param="purpose")
+        data = await upload.read()
+        record = await jobs.upload(identity.tenant, upload.filename or "batch.jsonl", purpose,
+                                   data, gateway.runtime.models.keys())
+        return json_response(file_object(record))
+
+    @get("/v1/files/{file_id:str}")
+    async def retrieve(request: Request[Any, Any, Any], file_id: str) -> Response[bytes]:
+        identity = await identify(gateway, request)
+        return json_response(file_object(await jobs.file(identity.tenant, file_id)))
+
+    @get("/v1/files/{file_id:str}/content")
+    async def content(request: Request[Any, Any, Any], file_id: str) -> Response[bytes]:
+        identity = await identify(gateway, request)
+        data = await jobs.content(identity.tenant, file_id)
+        return Response(data, media_type="application/jsonl")
+
+    @delete("/v1/files/{file_id:str}", status_code=200)
+    async def remove(request: Request[Any, Any, Any], file_id: str) -> Response[bytes]:
+        identity = await identify(gateway, request)
+        await jobs.delete_file(identity.tenant, file_id)
+        return json_response({"id": file_id, "object": "file", "deleted": True})
+
+    return [upload, retrieve, content, remove]
