@@ -218,4 +218,21 @@ def app_from_env() -> Litestar:
     if not logging.getLogger().handlers:  # structured logging replaces this when configured
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
     source = os.environ[CONFIG_ENV]
-    return create_app(load_policy(source), source)
+    app = create_app(load_policy(source), source)
+    tune_gc()
+    return app
+
+
+def tune_gc() -> None:
+    """Fewer, cheaper garbage collections on the hot path.
+
+    Each request allocates a few hundred short-lived objects, so the default gen-0 threshold
+    (700) runs a collection every couple of requests; and every full collection walks the
+    long-lived start-up objects again. Freezing what exists after start-up and raising the
+    thresholds cut the collector's share of a busy worker's CPU (profiled with py-spy).
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)

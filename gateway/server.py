@@ -25,6 +25,7 @@ def uvicorn_options(drain_timeout: float) -> dict[str, object]:
         "loop": "uvloop",
         "http": "httptools",
         "lifespan": "on",
+        "proxy_headers": False,  # the gateway reads no X-Forwarded-* header
         "access_log": False,
         "server_header": False,
         "date_header": True,

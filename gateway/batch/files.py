@@ -40,8 +40,7 @@ class LocalFileStore(FileStore):
     """Files in one directory, ``<id>.jsonl``; blocking I/O runs in a worker thread."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory = Path(directory)  # created by the first put
 
     def _path(self, file_id: str) -> Path:
         if not _ID.match(file_id):
@@ -50,6 +49,7 @@ class LocalFileStore(FileStore):
 
     def _put(self, file_id: str, data: bytes) -> None:
         path = self._path(file_id)
+        self.directory.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         with open(tmp, "wb") as fh:
             fh.write(data)

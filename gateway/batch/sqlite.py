@@ -68,6 +68,13 @@ class SqliteBatchState(BatchState):
 
         return await asyncio.get_running_loop().run_in_executor(self._thread, call)
 
+    async def _read(self, fn: Callable[[sqlite3.Connection], T], empty: T) -> T:
+        """A read; ``empty`` while no database exists (a gateway that never saw a batch
+        creates nothing on disk)."""
+        if self._db is None and not self.path.exists():
+            return empty
+        return await self._run(fn)
+
     async def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn`` inside one ``BEGIN IMMEDIATE`` transaction."""
 
@@ -82,9 +89,6 @@ class SqliteBatchState(BatchState):
             return out
 
         return await self._run(tx)
-
-    async def open(self) -> None:
-        await self._run(lambda db: None)
 
     async def close(self) -> None:
         def shut(db: sqlite3.Connection) -> None:
@@ -102,8 +106,8 @@ class SqliteBatchState(BatchState):
             "INSERT OR REPLACE INTO files (id, doc) VALUES (?, ?)", (record.id, doc)))
 
     async def get_file(self, file_id: str) -> FileRecord | None:
-        row = await self._run(lambda db: db.execute(
-            "SELECT doc FROM files WHERE id = ?", (file_id,)).fetchone())
+        row = await self._read(lambda db: db.execute(
+            "SELECT doc FROM files WHERE id = ?", (file_id,)).fetchone(), None)
         return None if row is None else msgspec.json.decode(row[0], type=FileRecord)
 
     async def delete_file(self, file_id: str) -> None:
@@ -117,8 +121,8 @@ class SqliteBatchState(BatchState):
             (record.id, record.tenant, record.status, doc)))
 
     async def get_batch(self, batch_id: str) -> BatchRecord | None:
-        row = await self._run(lambda db: db.execute(
-            "SELECT doc FROM batches WHERE id = ?", (batch_id,)).fetchone())
+        row = await self._read(lambda db: db.execute(
+            "SELECT doc FROM batches WHERE id = ?", (batch_id,)).fetchone(), None)
         return None if row is None else msgspec.json.decode(row[0], type=BatchRecord)
 
     async def list_batches(
@@ -134,14 +138,14 @@ class SqliteBatchState(BatchState):
                 "SELECT doc FROM batches WHERE tenant = ? AND seq < ? ORDER BY seq DESC"
                 " LIMIT ?", (tenant, bound, limit + 1)).fetchall()
 
-        rows = await self._run(read)
+        rows: list[Any] = await self._read(read, [])
         records = [msgspec.json.decode(r[0], type=BatchRecord) for r in rows[:limit]]
         return records, len(rows) > limit
 
     async def active_batches(self) -> list[str]:
-        rows = await self._run(lambda db: db.execute(
+        rows: list[Any] = await self._read(lambda db: db.execute(
             f"SELECT id FROM batches WHERE status NOT IN ({','.join('?' * len(_FINAL))})",
-            _FINAL).fetchall())
+            _FINAL).fetchall(), [])
         return [r[0] for r in rows]
 
     async def transition(
