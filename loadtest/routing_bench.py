@@ -206,15 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.routing_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Azure trace CSV")
-    p.add_argument("--duration", type=float, default=40.0, help="seconds per scenario (40)")
-    p.add_argument("--speedup", type=float, default=1.0, help="trace time compression (1.0)")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds per scenario (60)")
+    p.add_argument("--speedup", type=float, default=1.5,
+                   help="trace time compression (1.5: ~8 interactive requests/s, about two "
+                   "thirds of one interactive engine's capacity)")
     p.add_argument("--batch-workers", type=int, default=96, help="batch backlog size (96)")
     p.add_argument("--batch-cap", type=int, default=64,
                    help="max_in_flight of the batch backend (64)")
     p.add_argument("--batch-prompt", type=int, default=1000, help="batch prompt tokens (1000)")
     p.add_argument("--batch-output", type=int, default=256, help="batch output tokens (256)")
-    p.add_argument("--borrow-share", type=float, default=0.4,
-                   help="interactive pool share batch may borrow in a-class (0.4)")
+    p.add_argument("--borrow-share", type=float, default=0.25,
+                   help="interactive pool share batch may borrow in a-class (0.25)")
     p.add_argument("--ttft-target", type=float, default=0.5, help="interactive TTFT target, s")
     p.add_argument("--scenarios", default="idle,a-class,b-round-robin,c-static")
     p.add_argument("--out", type=Path, default=ROOT / "loadtest/results/routing.json")
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     rows: list[dict[str, Any]] = []
     tmp = Path(tempfile.mkdtemp(prefix="routing-bench-"))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GATEWAY_ACCESS_LOG": "off"}
     try:
         ports = {"interactive": _free_port(), "batch": _free_port()}
         sims = {}
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg.write_text(yaml.safe_dump(data))
             port = _free_port()
             gw = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(cfg),
-                                   "--port", str(port)], env=env)
+                                   "--port", str(port)], env=env, stdout=subprocess.DEVNULL)
             try:
                 _wait(f"http://127.0.0.1:{port}/healthz", gw)
                 print(f"[routing-bench] {scenario}: {len(arrivals)} interactive arrivals over "

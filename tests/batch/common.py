@@ -1,0 +1,92 @@
+"""Shared pieces of the batch tests: policies, input files, a polling helper."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from tests.helpers import TEST_KEY, policy
+
+OTHER_KEY = "sk-gw-other-batchtenant-0123456789abcdef012345"
+ADMIN = "admin-batch-test"
+MODEL = "m"
+
+
+def batch_policy(chat_url: str, batch_url: str, files_dir: Path, **batch: Any) -> dict[str, Any]:
+    """An interactive pool and a batch pool serving one model; two tenants."""
+    data = policy({"chat": [chat_url], "batch": [batch_url]})
+    data["models"] = [{"name": MODEL, "pool": "chat", "pools": {"batch": "batch"},
+                       "backend_model": "sim-model"}]
+    data["auth"]["keys"][0]["tenant"] = "acme"
+    data["auth"]["keys"].append({"id": "other", "tenant": "globex",
+                                 "sha256": hashlib.sha256(OTHER_KEY.encode()).hexdigest()})
+    data["plans"] = [{"name": "p", "limits": {"rpm": 1_000_000}}]
+    data["tenants"] = [{"name": "acme", "plan": "p"}, {"name": "globex", "plan": "p"}]
+    data["prices"] = {"models": {MODEL: {"input": "1", "output": "2"}}, "batch_factor": "0.5"}
+    data["batch"] = {"files_dir": str(files_dir), "lease_seconds": 3.0, "poll_interval": 0.2,
+                     **batch}
+    return data
+
+
+def jsonl(n: int, *, max_tokens: int = 4, prefix: str = "req") -> bytes:
+    """``n`` chat requests, custom ids ``<prefix>-<i>``."""
+    return b"".join(
+        json.dumps({"custom_id": f"{prefix}-{i}", "method": "POST", "url": "/v1/chat/completions",
+                    "body": {"model": MODEL, "max_tokens": max_tokens,
+                             "messages": [{"role": "user", "content": f"Question {i}?"}]}}
+                   ).encode() + b"\n"
+        for i in range(n))
+
+
+def client(url: str, key: str = TEST_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def wait_status(c: openai.OpenAI, batch_id: str, statuses: set[str], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        batch = c.batches.retrieve(batch_id)
+        if batch.status in statuses:
+            return batch
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"batch {batch_id} still {batch.status}: {batch.request_counts}")
+        time.sleep(0.2)
+
+
+def records(url: str) -> list[dict[str, Any]]:
+    """Every usage record of the last hour (admin export)."""
+    import httpx
+
+    now = int(time.time() * 1000)
+    r = httpx.get(url + "/admin/usage/export", headers={"Authorization": f"Bearer {ADMIN}"},
+                  params={"start_ms": now - 3_600_000, "end_ms": now + 60_000}, timeout=30)
+    assert r.status_code == 200, r.text
+    return [json.loads(line) for line in r.text.splitlines() if line]
+
+
+class SimProcess:
+    """A simulator in its own process (no GIL shared with the test or the other simulator)."""
+
+    def __init__(self, profile: str, *args: str) -> None:
+        from tests.helpers import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.profile, self.args = profile, args
+
+    def __enter__(self) -> SimProcess:
+        from gateway.sim.server import spawn
+        from tests.helpers import wait_http
+
+        self.proc = spawn(self.port, self.profile, *self.args)
+        wait_http(self.url + "/health", proc=self.proc)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
