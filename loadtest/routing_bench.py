@@ -207,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Azure trace CSV")
     p.add_argument("--duration", type=float, default=60.0, help="seconds per scenario (60)")
-    p.add_argument("--speedup", type=float, default=1.5,
-                   help="trace time compression (1.5: ~8 interactive requests/s, about two "
-                   "thirds of one interactive engine's capacity)")
+    p.add_argument("--speedup", type=float, default=1.0,
+                   help="trace time compression (1.0: the trace's own ~5.5 interactive "
+                   "requests/s, about half of one interactive engine's capacity)")
     p.add_argument("--batch-workers", type=int, default=96, help="batch backlog size (96)")
     p.add_argument("--batch-cap", type=int, default=64,
                    help="max_in_flight of the batch backend (64)")
