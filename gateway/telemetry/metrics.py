@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
+    ProcessCollector,
     Counter,
     Gauge,
     Histogram,
@@ -176,6 +177,8 @@ class Metrics:
         # no ``*_created`` series: they double /metrics for nothing
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=False)
+        # process_resident_memory_bytes and friends, so soak runs can watch for leaks
+        ProcessCollector(registry=self.registry)
         self._declare(tuple(["tenant"] if tenant_label else []))
 
     def _declare(self, tenant: tuple[str, ...]) -> None:
@@ -355,4 +358,5 @@ class Metrics:
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
         registry = CollectorRegistry(auto_describe=False)
         _mp.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        ProcessCollector(registry=registry)  # this worker's process figures
         return generate_latest(registry), CONTENT_TYPE_LATEST

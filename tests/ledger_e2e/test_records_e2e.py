@@ -163,3 +163,30 @@ def test_usage_export_cli(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[0].startswith("request_id") and len(lines) == 4
+
+
+def test_retried_request_leaves_one_record_with_attempts(tmp_path: Path) -> None:
+    """The first backend answers 503, the second serves: one record, attempts = 2."""
+    os.environ["GATEWAY_ADMIN_TOKEN"] = ADMIN
+    try:
+        with SimServer("interactive", speedup=10, error_status=503) as bad, \
+                SimServer("interactive", speedup=10) as good:
+            data = _policy(bad.url)
+            data["pools"][0]["backends"].append({"name": "good", "url": good.url})
+            data["pools"][0]["strategy"] = "round_robin"
+            data["routing"] = {"retry": {"backoff_base": 0.001}}
+            with GatewayProcess(tmp_path, data) as gw:
+                for _ in range(4):
+                    r = httpx.post(gw.url + "/v1/chat/completions", headers=AUTH, json={
+                        "model": "chat-model", "max_tokens": 2,
+                        "messages": [{"role": "user", "content": "x"}]})
+                    assert r.status_code == 200
+                records = _wait_records(gw, 4)
+                assert len(records) == 4
+                assert len({r["request_id"] for r in records}) == 4  # one record per request
+                retried = [r for r in records if r["attempts"] == 2]
+                assert retried and all(r["backend"] == "good" for r in retried)
+                assert all(r["attempts"] in (1, 2) for r in records)
+                assert all(r["outcome"] == "completed" and r["output"] == 2 for r in records)
+    finally:
+        os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
