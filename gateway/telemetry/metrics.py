@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
-    ProcessCollector,
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
     values,
