@@ -17,6 +17,7 @@ async def _run(args: argparse.Namespace) -> int:
         create_key,
         open_keystore,
         parse_expiry,
+        parse_limits,
         public_view,
     )
     from gateway.config import PolicyError, load_policy
@@ -32,7 +33,7 @@ async def _run(args: argparse.Namespace) -> int:
             record, key = await create_key(
                 store, policy, args.tenant, name=args.name or "",
                 expires=parse_expiry(args.expires), default_class=args.default_class,
-                allow_class_header=args.allow_class_header,
+                allow_class_header=args.allow_class_header, limits=parse_limits(args.limit),
             )
             print(json.dumps({**public_view(record), "key": key}, indent=2))
             print("Store the key now: it is shown once and only its keyed hash is kept.",
@@ -78,6 +79,9 @@ def add_keys_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     create.add_argument("--default-class", help="request class of this key's requests")
     create.add_argument("--allow-class-header", action="store_true",
                         help="let this key pick its class with X-Request-Class")
+    create.add_argument("--limit", action="append", metavar="NAME=N",
+                        help="the key's own limit inside its tenant's (repeatable): rpm, tpm, "
+                        "concurrency, tokens_per_day, tokens_per_month")
     listing = keys_sub.add_parser("list", help="list keys (never the keys themselves)")
     listing.add_argument("--config", required=True, help="policy file or directory")
     listing.add_argument("--tenant", help="only this tenant's keys")

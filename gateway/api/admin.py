@@ -103,6 +103,7 @@ def admin_handlers(gateway: Gateway) -> list[Any]:
                 expires=parse_expiry(body.get("expires")),
                 default_class=body.get("default_class"),
                 allow_class_header=bool(body.get("allow_class_header", False)),
+                limits=body.get("limits") if isinstance(body.get("limits"), dict) else None,
             )
         except KeyAdminError as exc:
             raise InvalidRequest(str(exc)) from None

@@ -20,7 +20,28 @@ from gateway.auth.keystore import (
 if TYPE_CHECKING:
     from gateway.config import Policy
 
-__all__ = ["KeyAdminError", "create_key", "open_keystore", "parse_expiry", "public_view"]
+__all__ = [
+    "KeyAdminError",
+    "create_key",
+    "open_keystore",
+    "parse_expiry",
+    "parse_limits",
+    "public_view",
+]
+
+LIMIT_NAMES = ("rpm", "tpm", "concurrency", "tokens_per_day", "tokens_per_month")
+
+
+def parse_limits(items: list[str] | None) -> dict[str, int]:
+    """``["rpm=60", "tpm=100000"]`` -> ``{"rpm": 60, "tpm": 100000}``."""
+    limits: dict[str, int] = {}
+    for item in items or []:
+        name, _, value = item.partition("=")
+        try:
+            limits[name.strip()] = int(value)
+        except ValueError:
+            raise KeyAdminError(f"--limit {item!r}: expected NAME=NUMBER") from None
+    return limits
 
 _DURATION = re.compile(r"^(\d+)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -83,19 +104,25 @@ async def create_key(
     expires: float | None = None,
     default_class: str | None = None,
     allow_class_header: bool = False,
+    limits: dict[str, int] | None = None,
 ) -> tuple[KeyRecord, str]:
     """Create and store a key; returns (record, the key itself - shown once, never stored)."""
     if tenant not in {t.name for t in policy.tenants}:
         raise KeyAdminError(f"unknown tenant {tenant!r} (declare it under tenants: in the policy)")
     if default_class is not None and default_class not in {c.name for c in policy.classes}:
         raise KeyAdminError(f"unknown class {default_class!r}")
+    for name, value in (limits or {}).items():
+        if name not in LIMIT_NAMES or not isinstance(value, int) or value < 0:
+            raise KeyAdminError(
+                f"limit {name}={value!r}: use {', '.join(LIMIT_NAMES)} with whole numbers >= 0"
+            )
     if expires is not None and expires <= time.time():
         raise KeyAdminError("the expiry is in the past")
     key_id, key = new_managed_key()
     record = KeyRecord(
         id=key_id, tenant=tenant, digest=digest_for(secret_for(policy), key), name=name,
         created=time.time(), expires=expires, default_class=default_class,
-        allow_class_header=allow_class_header,
+        allow_class_header=allow_class_header, limits=limits or None,
     )
     await store.put(record)
     return record, key
@@ -110,4 +137,5 @@ def public_view(record: KeyRecord) -> dict[str, Any]:
         "id": record.id, "tenant": record.tenant, "name": record.name, "state": state,
         "created": record.created, "expires": record.expires, "revoked": record.revoked,
         "default_class": record.default_class,
+        "limits": record.limits,
     }

@@ -99,6 +99,17 @@ def test_expired_and_unknown_look_the_same(setup) -> None:  # type: ignore[no-un
     assert expired.json() == unknown.json() == malformed.json()
 
 
+def test_key_own_limit(setup) -> None:  # type: ignore[no-untyped-def]
+    """A managed key with its own rpm inside its tenant's plan is held to it."""
+    gw, config, _ = setup
+    created = json.loads(_cli(config, "create", "--tenant", "acme", "--limit", "rpm=2").stdout)
+    assert created["limits"] == {"rpm": 2}
+    codes = [_chat(gw, created["key"]).status_code for _ in range(4)]
+    assert codes == [200, 200, 429, 429]
+    r = _cli(config, "create", "--tenant", "acme", "--limit", "rpm=lots")
+    assert r.returncode == 2 and "NAME=NUMBER" in r.stderr
+
+
 def test_cli_refuses_unknown_tenant_and_bad_expiry(setup) -> None:  # type: ignore[no-untyped-def]
     _, config, _ = setup
     r = _cli(config, "create", "--tenant", "nobody")
