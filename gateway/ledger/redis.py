@@ -37,8 +37,8 @@ from redis.exceptions import (
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from gateway.backoff import Backoff
 from gateway.ledger.aggregate import counters_of, field_prefix
-from gateway.ledger.backoff import Backoff
 from gateway.ledger.base import Ledger, LedgerSettings
 from gateway.ledger.errors import (
     LedgerConnectError,
@@ -135,7 +135,7 @@ class RedisLedger(Ledger):
         self._client = client
         self._deadline = deadline
         self._owns_client = owns_client
-        self._backoff = Backoff()
+        self._backoff = Backoff(maximum=2.0)
         self.spool = Spool(spool_dir, max_segment_bytes=s.spool_segment_bytes)
         self._sha = _sha1(STORE_RECORD)
         self._seen_ttl_ms = s.seen_ttl_days * _DAY_MS

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from gateway.quota.backoff import Backoff
+from gateway.backoff import Backoff
 from gateway.quota.base import (
     DEFAULT_LEASE_TTL,
     WINDOW,

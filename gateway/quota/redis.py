@@ -38,7 +38,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from gateway.quota.backoff import Backoff
+from gateway.backoff import Backoff
 from gateway.quota.base import WINDOW, Decision, QuotaStore, Reservation, Usage
 from gateway.quota.errors import (
     QuotaBackingOff,

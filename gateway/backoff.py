@@ -1,4 +1,4 @@
-"""Exponential back-off between attempts at a store that just failed.
+"""Exponential back-off between attempts at a store that just failed (quota store, ledger).
 
 After a failure the store stops calling Redis for a while and then lets a single call through
 as a probe; each further failure doubles the pause (with jitter, so replicas do not probe in
