@@ -15,19 +15,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import shutil
-import socket
-import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
 from gateway.ledger import LedgerSettings, RedisLedger, UsageRecord
+from loadtest.redis_local import free_port, redis_server
 
 __all__ = ["BenchResult", "main", "run"]
 
@@ -46,33 +42,6 @@ class BenchResult:
     @property
     def rate(self) -> float:
         return self.records / self.seconds
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    """A throwaway redis-server on a free loopback port; yields its URL."""
-    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    port = free_port()
-    with tempfile.TemporaryDirectory() as directory:
-        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "no", "--dir", directory]
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                    break
-                time.sleep(0.02)
-            yield f"redis://127.0.0.1:{port}"
-        finally:
-            proc.kill()
-            proc.wait()
 
 
 def make_records(n: int, tenants: int) -> list[UsageRecord]:

@@ -12,17 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
 from gateway.quota import Limits, QuotaRequest, RedisQuotaStore, build_scopes
+from loadtest.redis_local import redis_server
 
 __all__ = ["BenchResult", "main", "run"]
 
@@ -41,32 +37,6 @@ class BenchResult:
     commands: dict[str, int] = field(default_factory=dict)
     client_cpu: float = 0.0  # CPU seconds of this process in the window
     redis_cpu: float = 0.0  # CPU seconds of redis-server in the window
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    """A throwaway redis-server on a free loopback port; yields its URL."""
-    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp]
-        proc = subprocess.Popen([*args, "--appendonly", "no"], stdout=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                    break
-                time.sleep(0.02)
-            yield f"redis://127.0.0.1:{port}"
-        finally:
-            proc.kill()
-            proc.wait()
 
 
 async def _server_stats(url: str) -> tuple[dict[str, int], float]:
