@@ -28,6 +28,7 @@ from gateway.config import key_hashes, load_policy
 from gateway.ledger import Ledger, MemoryLedger, RedisLedger
 from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, RedisQuotaStore
 from gateway.quota.admission import scopes_for
+from gateway.routing.rollout import ShadowStats
 from gateway.routing.router import Router
 from gateway.telemetry import LogSettings, Metrics, RequestTracing, setup_logging
 from gateway.upstream.base import make_upstream
@@ -153,6 +154,7 @@ class Gateway:
         self.draining = False
         self.reloads = 0
         self.shadow_tasks: set[asyncio.Task[Any]] = set()  # background tasks kept referenced
+        self.shadow_stats = ShadowStats()
         self._monitors: Monitors | None = None
         self._reload_lock = asyncio.Lock()
         # --- batch jobs (issue 9): files and state here; the runner is set by create_app,

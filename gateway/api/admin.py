@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from litestar import Request, Response, get, post
 
-from gateway.api.shadow import STATS as SHADOW_STATS
 from gateway.auth.manage import KeyAdminError, create_key, parse_expiry, public_view
 from gateway.config import PolicyError
 from gateway.errors import AuthenticationFailed, InvalidRequest, RouteNotFound
@@ -85,8 +84,10 @@ def admin_handlers(gateway: Gateway) -> list[Any]:
                 for name, pool in router.pools.items()
             },
             "retries_in_window": router.budget.retries,
-            "shadow": {"started": SHADOW_STATS.started, "skipped": SHADOW_STATS.skipped,
-                       "by_status": SHADOW_STATS.by_status, "errors": SHADOW_STATS.errors},
+            "shadow": {"started": gateway.shadow_stats.started,
+                       "skipped": gateway.shadow_stats.skipped,
+                       "by_status": gateway.shadow_stats.by_status,
+                       "errors": gateway.shadow_stats.errors},
             "reloads": gateway.reloads,
         }
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -26,25 +25,9 @@ if TYPE_CHECKING:
     from gateway.runtime import Gateway, Runtime
     from gateway.types import RawHeaders
 
-__all__ = ["ShadowStats", "start_shadow"]
+__all__ = ["start_shadow"]
 
 _encoder = msgspec.json.Encoder()
-
-
-@dataclass
-class ShadowStats:
-    """Counts of shadow requests (per process)."""
-
-    started: int = 0
-    skipped: int = 0  # the shadow pool had no free backend, or too many shadows in flight
-    by_status: dict[int, int] = field(default_factory=dict)
-    errors: int = 0
-    in_flight: int = 0
-    latencies: list[float] = field(default_factory=list)
-    output_bytes: int = 0
-
-
-STATS = ShadowStats()
 
 
 def start_shadow(
@@ -58,13 +41,14 @@ def start_shadow(
     """Maybe mirror this request; returns at once."""
     if not should_shadow(shadow.share):
         return
-    if STATS.in_flight >= shadow.max_in_flight:
-        STATS.skipped += 1
+    stats = gateway.shadow_stats
+    if stats.in_flight >= shadow.max_in_flight:
+        stats.skipped += 1
         return
     pool = runtime.router.pools[shadow.pool]
     backend = pool.try_pick(time.monotonic())
     if backend is None:
-        STATS.skipped += 1
+        stats.skipped += 1
         return
     payload = dict(parsed.payload)
     payload["model"] = shadow.backend_model or payload["model"]
@@ -84,8 +68,10 @@ async def _run(
     body: bytes,
     headers: RawHeaders,
 ) -> None:
-    STATS.started += 1
-    STATS.in_flight += 1
+    stats = gateway.shadow_stats
+    stats.started += 1
+    stats.in_flight += 1
+    status: int | str = "error"
     t0 = time.perf_counter()
     try:
         send_headers = list(headers)
@@ -94,14 +80,16 @@ async def _run(
         response = await gateway.upstream.post(backend.urls[endpoint], body, send_headers)
         try:
             async for chunk in response.chunks():
-                STATS.output_bytes += len(chunk)
+                stats.output_bytes += len(chunk)
         finally:
             response.close()
-        STATS.by_status[response.status] = STATS.by_status.get(response.status, 0) + 1
+        status = response.status
+        stats.by_status[status] = stats.by_status.get(status, 0) + 1
     except UpstreamError:
-        STATS.errors += 1
+        stats.errors += 1
     finally:
-        STATS.in_flight -= 1
-        STATS.latencies.append(time.perf_counter() - t0)
-        del STATS.latencies[:-1000]
+        stats.in_flight -= 1
+        stats.latencies.append(time.perf_counter() - t0)
+        del stats.latencies[:-1000]
         release(backend)
+        gateway.metrics.shadow(status)

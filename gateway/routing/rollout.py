@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import random
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gateway.config import Model, Version
 
-__all__ = ["choose_version", "should_shadow"]
+__all__ = ["ShadowStats", "choose_version", "should_shadow"]
 
 
 def _unit(key: bytes) -> float:
@@ -35,3 +36,16 @@ def choose_version(model: Model, sticky_key: bytes | None,
 
 def should_shadow(share: float, rng: random.Random | None = None) -> bool:
     return share > 0 and (rng or random).random() < share
+
+
+@dataclass
+class ShadowStats:
+    """Counts of shadow requests (per process)."""
+
+    started: int = 0
+    skipped: int = 0  # the shadow pool had no free backend, or too many shadows in flight
+    by_status: dict[int, int] = field(default_factory=dict)
+    errors: int = 0
+    in_flight: int = 0
+    latencies: list[float] = field(default_factory=list)
+    output_bytes: int = 0
