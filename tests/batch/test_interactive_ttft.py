@@ -23,7 +23,7 @@ from tests.batch.common import (
 from tests.helpers import TEST_KEY, GatewayProcess
 
 STREAMS = 4
-PER_STREAM = 40
+PER_STREAM = 100  # p99 of 400 samples: the 4th largest, not a single outlier
 
 
 def _ttfts(url: str) -> list[float]:
@@ -59,7 +59,7 @@ def test_interactive_ttft_p99_holds_during_a_batch(tmp_path: Path) -> None:
     os.environ["GATEWAY_ADMIN_TOKEN"] = ADMIN
     try:
         with SimProcess("interactive", "--jitter", "0") as chat, \
-                SimProcess("batch", "--speedup", "5", "--jitter", "0") as bulk, \
+                SimProcess("batch", "--jitter", "0") as bulk, \
                 GatewayProcess(tmp_path, batch_policy(chat.url, bulk.url,
                                                       tmp_path / "files")) as gw:
             _ttfts(gw.url)  # warm up connections and caches
