@@ -25,7 +25,7 @@ from gateway.auth.manage import open_keystore
 from gateway.auth.resolver import KeyResolver
 from gateway.batch import BatchRunner, make_batch_jobs
 from gateway.config import key_hashes, load_policy
-from gateway.ledger import Ledger, MemoryLedger, RedisLedger
+from gateway.ledger import Ledger, LedgerSettings, MemoryLedger, RedisLedger
 from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, RedisQuotaStore
 from gateway.quota.admission import scopes_for
 from gateway.routing.rollout import ShadowStats
@@ -60,10 +60,12 @@ def _secrets(policy: Policy) -> tuple[str, ...]:
 def make_ledger(store: Store) -> Ledger:
     """Usage records to Redis (spooling when it is away), or to the local spool alone."""
     url = os.environ.get(store.redis_url_env)
+    settings = LedgerSettings(retention_days=store.usage_retention_days,
+                              seen_ttl_days=store.usage_dedupe_days)
     if url:
         return RedisLedger.from_url(url, spool_dir=store.spool_dir, cluster=store.cluster,
-                                    timeout=store.timeout)
-    return MemoryLedger(store.spool_dir)
+                                    timeout=store.timeout, settings=settings)
+    return MemoryLedger(store.spool_dir, settings=settings)
 
 
 def make_quota_store(store: Store) -> QuotaStore:

@@ -354,6 +354,11 @@ class Store(_Base, frozen=True):
     keys_file: str | None = None
     #: the local spool for usage records when Redis is away (and the ledger without Redis)
     spool_dir: str = "./gateway-spool"
+    #: days usage records (day streams and day totals) are kept; month totals: 400 days
+    usage_retention_days: PositiveInt = 90
+    #: days a request id is remembered so a replayed record is not counted twice (~100 bytes
+    #: of Redis memory per request for this long)
+    usage_dedupe_days: PositiveInt = 35
 
 
 # --- batch jobs (issue 9) -------------------------------------------------------------------
