@@ -11,6 +11,7 @@ import hashlib
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from typing import Any
@@ -45,6 +46,7 @@ def demo_policy(interactive_url: str, batch_url: str, key_sha256: str) -> dict[s
             "models": {"demo-bulk": {"concurrency": 48}},
         }],
         "tenants": [{"name": "demo", "plan": "demo"}],
+        "routing": {"rules": [{"class": "batch", "models": ["demo-bulk"]}]},
         "pools": [
             {
                 "name": "interactive",
@@ -143,12 +145,12 @@ def run_demo(host: str, port: int) -> int:
         for url in urls.values():
             _wait_healthy(url)
         key = new_api_key()
-        policy = parse_policy(
-            demo_policy(
-                urls["interactive"], urls["batch"], hashlib.sha256(key.encode()).hexdigest()
-            ),
-            "<demo>",
+        data = demo_policy(
+            urls["interactive"], urls["batch"], hashlib.sha256(key.encode()).hexdigest()
         )
+        # the demo's usage records live for the run only
+        data["store"] = {"spool_dir": tempfile.mkdtemp(prefix="gateway-demo-")}
+        policy = parse_policy(data, "<demo>")
         validate(policy, "<demo>")
         config = uvicorn.Config(
             create_app(policy),

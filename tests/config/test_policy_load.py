@@ -147,6 +147,7 @@ def test_demo_policy_file_matches_embedded_demo() -> None:
     assert embedded["models"] == shipped["models"]
     assert embedded["prices"] == shipped["prices"]
     assert embedded["plans"] == shipped["plans"] and embedded["tenants"] == shipped["tenants"]
+    assert embedded["routing"] == shipped["routing"]
 
 
 def test_published_schema_is_current() -> None:

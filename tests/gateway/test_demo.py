@@ -29,10 +29,12 @@ def test_demo_serves_and_stops() -> None:
         key = re.search(r"sk-gw-[A-Za-z0-9_-]{40,}", banner)
         assert key, banner
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key.group(0))
-        for model in ("demo-chat", "demo-bulk"):
-            reply = client.chat.completions.create(
+        for model, cls in (("demo-chat", "interactive"), ("demo-bulk", "batch")):
+            raw = client.chat.completions.with_raw_response.create(
                 model=model, max_tokens=5, messages=[{"role": "user", "content": "hi"}]
             )
+            assert raw.headers["x-gateway-class"] == cls
+            reply = raw.parse()
             assert reply.usage is not None and reply.usage.completion_tokens == 5
         assert len(client.embeddings.create(model="demo-embed", input="x").data) == 1
         assert f"curl -sN http://127.0.0.1:{port}/v1/chat/completions" in banner
