@@ -42,7 +42,8 @@ def demo_policy(interactive_url: str, batch_url: str, key_sha256: str) -> dict[s
         "plans": [{
             "name": "demo",
             "limits": {"rpm": 600, "tpm": 2_000_000, "concurrency": 64,
-                       "tokens_per_day": 50_000_000, "tokens_per_month": 1_000_000_000},
+                       "tokens_per_day": 50_000_000, "tokens_per_month": 1_000_000_000,
+                       "cost_per_day": "25", "cost_per_month": "500"},
             "models": {"demo-bulk": {"concurrency": 48}},
         }],
         "tenants": [{"name": "demo", "plan": "demo"}],

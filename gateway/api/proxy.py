@@ -26,6 +26,7 @@ from gateway.accounting import (
     TokenUsage,
     account_body,
     account_stream,
+    price_usage,
     request_usage,
 )
 from gateway.api.asgi import ClientGone, get_header, read_body, send_error
@@ -306,7 +307,8 @@ class ProxyHandler:
             if admission is not None:
                 usage = ctx.usage
                 tokens = None if usage is None else usage.prompt_total + usage.output
-                await asyncio.shield(admission.settle(tokens))
+                spent = usage.cost.total if usage is not None and usage.cost is not None else 0
+                await asyncio.shield(admission.settle(tokens, spent))
 
     async def _admit(
         self,
@@ -319,9 +321,19 @@ class ProxyHandler:
     ) -> None:
         limit = parsed.payload.get("max_completion_tokens") or parsed.payload.get("max_tokens")
         out = limit if isinstance(limit, int) else model.default_max_tokens
+        cost = 0
+        if any(s.unit == "cost" for s in scopes):  # spend budgets: the most this can cost
+            price = self.gateway.runtime.prices.lookup(model.name, ctx.tenant)
+            if price is not None:
+                cost = price_usage(
+                    price, system=split.system, history=split.history, new=split.new,
+                    tools=split.tools, cached=0, output=out,
+                    batch=ctx.request_class == "batch",
+                ).total
         request = QuotaRequest(
             request_id=ctx.request_id, tenant=ctx.tenant or "default", scopes=scopes,
             estimated_tokens=split.total + out, key_id=ctx.key_id, model=model.name,
+            estimated_cost=cost,
         )
         try:
             decision = await admission.reserve(request)
@@ -331,11 +343,14 @@ class ProxyHandler:
                 "quota store unavailable; retry shortly", headers={"Retry-After": "1"}
             ) from exc
         if not decision.admitted:
-            ctx.quota = f"rejected:{decision.limit}"
-            self.gateway.metrics.quota_rejected(str(decision.limit), ctx.tenant)
+            name = str(decision.limit)
+            if (decision.scope or "").startswith("cost"):  # spend budgets count cost
+                name = name.replace("tokens_", "cost_")
+            ctx.quota = f"rejected:{name}"
+            self.gateway.metrics.quota_rejected(name, ctx.tenant)
             wait = max(1, math.ceil(decision.retry_after))
             raise RateLimited(
-                f"Rate limit reached: {decision.limit} of {decision.scope} for tenant "
+                f"Rate limit reached: {name} of {decision.scope} for tenant "
                 f"'{ctx.tenant}'. Retry after {wait}s.",
                 headers={"Retry-After": str(wait)},
             )

@@ -315,6 +315,9 @@ class LimitSet(_Base, frozen=True):
     #: input + output tokens per UTC day / month
     tokens_per_day: NonNegInt | None = None
     tokens_per_month: NonNegInt | None = None
+    #: spend per UTC day / month in the price currency (e.g. "25.00"), from ``prices``
+    cost_per_day: Amount | None = None
+    cost_per_month: Amount | None = None
 
 
 class Plan(_Base, frozen=True):

@@ -11,13 +11,13 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
+from gateway.accounting.prices import to_micros
 from gateway.quota.base import QuotaRequest
-from gateway.quota.limits import Limits, build_scopes
+from gateway.quota.limits import Limits, Scope, build_scopes
 
 if TYPE_CHECKING:
     from gateway.config import LimitSet, Plan
     from gateway.quota.base import Decision, QuotaStore, Reservation
-    from gateway.quota.limits import Scope
 
 __all__ = ["Admission", "limits_of", "scopes_for"]
 
@@ -33,14 +33,34 @@ def limits_of(limits: LimitSet | dict[str, int] | None) -> Limits | None:
                   tokens_per_day=limits.tokens_per_day, tokens_per_month=limits.tokens_per_month)
 
 
+def _cost_limits(limits: LimitSet | None) -> Limits | None:
+    """Spend budgets as a cost-unit scope's day/month budgets, in micro-units."""
+    if limits is None or (limits.cost_per_day is None and limits.cost_per_month is None):
+        return None
+    day, month = limits.cost_per_day, limits.cost_per_month
+    return Limits(tokens_per_day=None if day is None else to_micros(str(day)),
+                  tokens_per_month=None if month is None else to_micros(str(month)))
+
+
 def scopes_for(
     plan: Plan | None, key_id: str | None, key_limits: dict[str, int] | None, model: str
 ) -> tuple[Scope, ...]:
-    """The tenant's plan, the key's own limits and the plan's limits for this model."""
+    """The tenant's plan, the key's own limits and the plan's limits for this model; spend
+    budgets (``cost_per_day`` / ``cost_per_month``) become scopes counted in cost."""
     tenant = limits_of(plan.limits) if plan is not None else Limits()
     per_model = limits_of(plan.models.get(model)) if plan is not None else None
-    return build_scopes(tenant or Limits(), key_id=key_id, key=limits_of(key_limits),
-                        model=model, per_model=per_model)
+    scopes = build_scopes(tenant or Limits(), key_id=key_id, key=limits_of(key_limits),
+                          model=model, per_model=per_model)
+    if plan is None:
+        return scopes
+    extra = []
+    tenant_cost = _cost_limits(plan.limits)
+    if tenant_cost is not None:
+        extra.append(Scope("cost", tenant_cost, unit="cost"))
+    model_cost = _cost_limits(plan.models.get(model))
+    if model_cost is not None:
+        extra.append(Scope(f"cost:model:{model}", model_cost, unit="cost"))
+    return scopes + tuple(extra)
 
 
 class Admission:
@@ -73,8 +93,8 @@ class Admission:
             except Exception as exc:  # an outage: the slot may lapse, the stream goes on
                 _log.warning("quota lease renewal failed for %s: %s", res.request_id, exc)
 
-    async def settle(self, actual_tokens: int | None) -> None:
-        """Once: the real tokens (None = the request never reached a backend: cancel)."""
+    async def settle(self, actual_tokens: int | None, actual_cost: int = 0) -> None:
+        """Once: the real tokens and cost (None = never reached a backend: cancel)."""
         if self._settled or self.reservation is None:
             return
         self._settled = True
@@ -86,6 +106,6 @@ class Admission:
             if actual_tokens is None:
                 await self.store.cancel(self.reservation)
             else:
-                await self.store.settle(self.reservation, actual_tokens)
+                await self.store.settle(self.reservation, actual_tokens, actual_cost)
         except Exception as exc:  # the store queues failed settles; never fail the response
             _log.warning("quota settle failed for %s: %s", self.reservation.request_id, exc)

@@ -68,6 +68,8 @@ class QuotaRequest:
     key_id: str | None = None
     model: str | None = None
     lease_ttl: float = DEFAULT_LEASE_TTL
+    #: for scopes of unit "cost": the caller's upper bound of the cost, in micro-units
+    estimated_cost: int = 0
 
     def __post_init__(self) -> None:
         tenant_tag(self.tenant)  # raises on ids that would break the hash tag
@@ -96,6 +98,7 @@ class Reservation:
     lease_ttl: float
     expires_at: float
     origin: Origin
+    estimated_cost: int = 0
 
     @property
     def renew_every(self) -> float:
@@ -155,12 +158,15 @@ class QuotaStore(ABC):
         """
 
     @abstractmethod
-    async def settle(self, reservation: Reservation, actual_tokens: int) -> bool:
+    async def settle(
+        self, reservation: Reservation, actual_tokens: int, actual_cost: int | None = None
+    ) -> bool:
         """Replace the estimate by ``actual_tokens`` (input + output) and free the leases.
 
         Unused tokens go back to the window and budgets; an overshoot is charged even past a
-        limit (only admission refuses). Idempotent by request id: True when this call settled,
-        False when it was already settled (or its record expired) and nothing changed.
+        limit (only admission refuses). Scopes of unit "cost" get ``actual_cost`` (micro-units)
+        the same way; None keeps their estimate. Idempotent by request id: True when this call
+        settled, False when it was already settled (or its record expired) and nothing changed.
         """
 
     async def cancel(self, reservation: Reservation) -> bool:
@@ -170,7 +176,7 @@ class QuotaStore(ABC):
         rolling-window guarantee is about admissions. A request that did reach a backend should
         be settled with the tokens it used (at least its counted input) instead.
         """
-        return await self.settle(reservation, 0)
+        return await self.settle(reservation, 0, 0)
 
     @abstractmethod
     async def usage(self, tenant: str, scope: str) -> Usage:

@@ -92,7 +92,9 @@ class FailoverQuotaStore(QuotaStore):
         self._probe_max_interval = probe_max_interval
         self._local = local or MemoryQuotaStore()
         self._scaled: dict[Limits, Limits] = {}
-        self._pending: deque[tuple[Reservation, int]] = deque(maxlen=MAX_PENDING_SETTLES)
+        self._pending: deque[tuple[Reservation, int, int | None]] = deque(
+            maxlen=MAX_PENDING_SETTLES
+        )
         self._probe_task: asyncio.Task[None] | None = None
         self._degraded = False
         self.outages = 0
@@ -133,20 +135,22 @@ class FailoverQuotaStore(QuotaStore):
             self._enter_outage(exc)
             return False
 
-    async def settle(self, reservation: Reservation, actual_tokens: int) -> bool:
+    async def settle(
+        self, reservation: Reservation, actual_tokens: int, actual_cost: int | None = None
+    ) -> bool:
         """Settle where the reservation was made; during an outage queue it for replay.
 
         Returns True for a queued settle: it will be applied once when Redis answers.
         """
         if reservation.origin == "memory":
-            return await self._local.settle(reservation, actual_tokens)
+            return await self._local.settle(reservation, actual_tokens, actual_cost)
         try:
-            return await self._primary.settle(reservation, actual_tokens)
+            return await self._primary.settle(reservation, actual_tokens, actual_cost)
         except QuotaUnavailable as exc:
             self._enter_outage(exc)
             if len(self._pending) == self._pending.maxlen:
                 log.error("quota: settle queue full, dropping %s", self._pending[0][0].request_id)
-            self._pending.append((reservation, actual_tokens))
+            self._pending.append((reservation, actual_tokens, actual_cost))
             return True
 
     async def usage(self, tenant: str, scope: str) -> Usage:
@@ -168,7 +172,9 @@ class FailoverQuotaStore(QuotaStore):
     # -- outage bookkeeping ---------------------------------------------------------------
 
     def _local_request(self, request: QuotaRequest) -> QuotaRequest:
-        scopes = tuple(Scope(s.name, self._local_limits(s.limits)) for s in request.scopes)
+        scopes = tuple(
+            Scope(s.name, self._local_limits(s.limits), s.unit) for s in request.scopes
+        )
         return QuotaRequest(
             request_id=request.request_id,
             tenant=request.tenant,
@@ -177,6 +183,7 @@ class FailoverQuotaStore(QuotaStore):
             key_id=request.key_id,
             model=request.model,
             lease_ttl=request.lease_ttl,
+            estimated_cost=request.estimated_cost,
         )
 
     def _local_limits(self, limits: Limits) -> Limits:
@@ -215,9 +222,9 @@ class FailoverQuotaStore(QuotaStore):
         log.warning("quota: Redis answers again; %d settles to replay", len(self._pending))
         self._notify(False)
         while self._pending:
-            reservation, tokens = self._pending[0]
+            reservation, tokens, cost = self._pending[0]
             try:
-                await self._primary.settle(reservation, tokens)
+                await self._primary.settle(reservation, tokens, cost)
             except QuotaUnavailable as exc:
                 self._probe_task = None  # let _enter_outage start a new probe
                 self._enter_outage(exc)

@@ -91,10 +91,15 @@ class Scope:
 
     name: str
     limits: Limits
+    #: what this scope's tpm and budgets count: tokens, or cost in micro-units (spend limits,
+    #: reserved from the request's ``estimated_cost`` and settled with its actual cost)
+    unit: Literal["tokens", "cost"] = "tokens"
 
     def __post_init__(self) -> None:
         if not self.name or "{" in self.name or "}" in self.name:
             raise ValueError(f"bad scope name {self.name!r}")
+        if self.unit not in ("tokens", "cost"):
+            raise ValueError(f"bad scope unit {self.unit!r}")
 
 
 def build_scopes(

@@ -132,16 +132,22 @@ class MemoryQuotaStore(QuotaStore):
                 held = False
         return held
 
-    async def settle(self, reservation: Reservation, actual_tokens: int) -> bool:
+    async def settle(
+        self, reservation: Reservation, actual_tokens: int, actual_cost: int | None = None
+    ) -> bool:
         now = self._clock()
         record = self._records.pop((reservation.tenant, reservation.request_id), None)
         if record is None or record.expires <= now:
             return False
         delta = max(0, actual_tokens) - record.reservation.estimated_tokens
+        delta_cost = (
+            0 if actual_cost is None else max(0, actual_cost) - record.reservation.estimated_cost
+        )
         rid = reservation.request_id
         for scope in record.reservation.scopes:
             state = self._state(reservation.tenant, scope.name)
-            self._settle_scope(state, scope.limits, record, rid, delta, now)
+            d = delta_cost if scope.unit == "cost" else delta
+            self._settle_scope(state, scope.limits, record, rid, d, now)
         return True
 
     async def usage(self, tenant: str, scope: str) -> Usage:
@@ -175,7 +181,8 @@ class MemoryQuotaStore(QuotaStore):
         day, month = period_ids(now)
         for scope, state in zip(request.scopes, states, strict=True):
             state.prune(now, self._window)
-            for name, wait in self._failures(scope.limits, state, request, now, day, month):
+            failures = self._failures(scope.limits, scope.unit, state, request, now, day, month)
+            for name, wait in failures:
                 if worst is None or wait > worst[0]:
                     worst = (wait, scope.name, name)
         if worst is None:
@@ -185,6 +192,7 @@ class MemoryQuotaStore(QuotaStore):
     def _failures(
         self,
         limits: Limits,
+        unit: str,
         state: _ScopeState,
         request: QuotaRequest,
         now: float,
@@ -192,7 +200,7 @@ class MemoryQuotaStore(QuotaStore):
         month: int,
     ) -> list[tuple[LimitName, float]]:
         """Each failing limit of one scope with the seconds until it would pass."""
-        est = request.estimated_tokens
+        est = request.estimated_cost if unit == "cost" else request.estimated_tokens
         out: list[tuple[LimitName, float]] = []
         if limits.rpm is not None and len(state.rpm_log) >= limits.rpm:
             out.append(("rpm", self._rpm_wait(state, limits.rpm, now)))
@@ -234,10 +242,11 @@ class MemoryQuotaStore(QuotaStore):
         return at + self._window - now
 
     def _apply(self, request: QuotaRequest, states: list[_ScopeState], now: float) -> Reservation:
-        rid, est = request.request_id, request.estimated_tokens
+        rid = request.request_id
         day, month = period_ids(now)
         for scope, state in zip(request.scopes, states, strict=True):
             limits = scope.limits
+            est = request.estimated_cost if scope.unit == "cost" else request.estimated_tokens
             if limits.rpm is not None:
                 state.rpm_log.append((now, rid))
             if limits.tpm is not None:
@@ -254,10 +263,11 @@ class MemoryQuotaStore(QuotaStore):
             request_id=rid,
             tenant=request.tenant,
             scopes=request.scopes,
-            estimated_tokens=est,
+            estimated_tokens=request.estimated_tokens,
             lease_ttl=request.lease_ttl,
             expires_at=now + request.lease_ttl,
             origin="memory",
+            estimated_cost=request.estimated_cost,
         )
         expires = now + max(self._record_ttl, 2 * request.lease_ttl)
         self._records[(request.tenant, rid)] = _Record(reservation, day, month, expires)

@@ -94,11 +94,16 @@ def map_redis_error(exc: BaseException) -> QuotaError:
 
 @lru_cache(maxsize=4096)
 def _wire(scopes: tuple[Scope, ...]) -> str:
-    """The limits of all scopes as one script argument: ``r,t,c,d,m,`` per scope, -1 = unset.
+    """The limits of all scopes as one script argument: ``r,t,c,d,m,u,`` per scope, -1 = unset,
+    ``u`` the scope's unit (0 tokens, 1 cost).
 
     One argument rather than five per scope: encoding arguments is most of redis-py's cost.
     """
-    return "".join(f"{-1 if v is None else v}," for s in scopes for v in s.limits.values())
+    return "".join(
+        "".join(f"{-1 if v is None else v}," for v in s.limits.values())
+        + ("1," if s.unit == "cost" else "0,")
+        for s in scopes
+    )
 
 
 class RedisQuotaStore(QuotaStore):
@@ -211,6 +216,7 @@ class RedisQuotaStore(QuotaStore):
             self._window_us,
             self._record_ttl_ms(request.lease_ttl),
             _wire(scopes),
+            request.estimated_cost,
         ]
         keys.extend(scope_key(request.tenant, scope.name) for scope in scopes)
         reply = await self._run(self._reserve, keys, args)
@@ -229,6 +235,7 @@ class RedisQuotaStore(QuotaStore):
             lease_ttl=request.lease_ttl,
             expires_at=int(reply[2]) / 1e6,
             origin="redis",
+            estimated_cost=request.estimated_cost,
         )
         return Decision(admitted=True, reservation=reservation)
 
@@ -241,9 +248,12 @@ class RedisQuotaStore(QuotaStore):
         ]
         return int(await self._run(self._renew, keys, args)) == 1
 
-    async def settle(self, reservation: Reservation, actual_tokens: int) -> bool:
+    async def settle(
+        self, reservation: Reservation, actual_tokens: int, actual_cost: int | None = None
+    ) -> bool:
         keys = self._keys(reservation.tenant, reservation.request_id, reservation.scopes)
-        args = [reservation.request_id, max(0, actual_tokens), self._window_us]
+        cost = -1 if actual_cost is None else max(0, actual_cost)
+        args = [reservation.request_id, max(0, actual_tokens), self._window_us, cost]
         return int(await self._run(self._settle, keys, args)) == 1
 
     async def usage(self, tenant: str, scope: str) -> Usage:

@@ -8,11 +8,14 @@ Lua's own ``..`` would print them with 14 digits, so it is used for small ids on
 Wire format (``-1`` = limit unset; five limits per scope in ``LIMIT_NAMES`` order)::
 
     RESERVE KEYS: record, scope base...   ARGV: rid, estimate, lease_us, window_us,
-                                                record_ttl_ms, limits ("r,t,c,d,m," per scope)
+                                                record_ttl_ms, limits ("r,t,c,d,m,u," per
+                                                scope, u = unit 0 tokens / 1 cost),
+                                                estimated cost
             -> {1, now_us, lease_expiry_us}            admitted
                {2, now_us, lease_expiry_us}            already reserved (same request id)
                {0, scope index, limit code, wait_us}   refused (codes 1..5 = LIMIT_NAMES)
-    SETTLE  KEYS: record, scope base...   ARGV: rid, actual tokens, window_us   -> 1 | 0
+    SETTLE  KEYS: record, scope base...   ARGV: rid, actual tokens, window_us,
+                                                actual cost (-1 = keep the estimate) -> 1 | 0
     RENEW   KEYS: record, scope base...   ARGV: rid, lease_us, record_ttl_ms    -> 1 | 0
     USAGE   KEYS: scope base              ARGV: window_us   -> {requests, tokens, in_flight,
                                                                  day tokens, month tokens}
@@ -113,10 +116,13 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return {2, now, tonumber(redis.call('HGET', KEYS[1], 'x'))}
 end
 
--- limits: five comma-terminated integers per scope, one argument (fewer args to encode)
+-- limits: six comma-terminated integers per scope (five limits and the unit: 0 tokens,
+-- 1 cost), one argument (fewer args to encode)
 local L = {}
 for v in string.gmatch(ARGV[6], '(-?%d+),') do L[#L + 1] = tonumber(v) end
-if #L ~= 5 * n then return redis.error_reply('quota: limits do not match the scopes') end
+if #L ~= 6 * n then return redis.error_reply('quota: limits do not match the scopes') end
+local est_tokens, est_cost = est, tonumber(ARGV[7] or '0')
+local units = {}
 
 local day_id, month_id, next_day, next_month = periods(sec, now)
 local cutoff = now - window
@@ -127,8 +133,10 @@ end
 
 -- 1. check every limit of every scope (pruning is not reserving: safe on refusal)
 for i = 1, n do
-  local base, a = KEYS[i + 1], (i - 1) * 5
+  local base, a = KEYS[i + 1], (i - 1) * 6
   local rpm, tpm, conc, dayb, monthb = L[a + 1], L[a + 2], L[a + 3], L[a + 4], L[a + 5]
+  est = (L[a + 6] == 1) and est_cost or est_tokens
+  units[i] = (L[a + 6] == 1) and '1' or '0'
   if rpm >= 0 then
     local k = base .. ':rpm'
     redis.call('ZREMRANGEBYSCORE', k, '-inf', cutoff)
@@ -190,7 +198,8 @@ end
 local expiry = now + lease
 local flags = {}
 for i = 1, n do
-  local base, a = KEYS[i + 1], (i - 1) * 5
+  local base, a = KEYS[i + 1], (i - 1) * 6
+  est = (L[a + 6] == 1) and est_cost or est_tokens
   local f = {'0', '0', '0', '0', '0'}
   if L[a + 1] >= 0 then
     local k = base .. ':rpm'
@@ -225,8 +234,8 @@ for i = 1, n do
   end
   flags[i] = table.concat(f)
 end
-redis.call('HSET', KEYS[1], 'e', est, 'd', day_id, 'm', month_id, 'x', expiry,
-           'f', table.concat(flags))
+redis.call('HSET', KEYS[1], 'e', est_tokens, 'c', est_cost, 'u', table.concat(units),
+           'd', day_id, 'm', month_id, 'x', expiry, 'f', table.concat(flags))
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[5]))
 return {1, now, expiry}
 """
@@ -236,19 +245,25 @@ SETTLE = (
     _COMMON
     + """
 local rid = ARGV[1]
-local rec = redis.call('HMGET', KEYS[1], 'e', 'd', 'm', 'f')
+local rec = redis.call('HMGET', KEYS[1], 'e', 'd', 'm', 'f', 'c', 'u')
 if not rec[1] then return 0 end
 local f = rec[4]
 if #f ~= 5 * (#KEYS - 1) then
   return redis.error_reply('quota: settle scopes do not match the reservation')
 end
 local actual = math.max(0, tonumber(ARGV[2]))
-local delta = actual - tonumber(rec[1])
+local delta_tokens = actual - tonumber(rec[1])
+local actual_cost = tonumber(ARGV[4] or '-1')
+local delta_cost = 0
+if actual_cost >= 0 then delta_cost = actual_cost - tonumber(rec[5] or '0') end
+local u = rec[6] or ''
+local delta
 local window = tonumber(ARGV[3])
 local window_ms = math.floor(window / 1000) + 1000
 local _, now = clock()
 for i = 1, #KEYS - 1 do
   local base, o = KEYS[i + 1], (i - 1) * 5
+  delta = (u:sub(i, i) == '1') and delta_cost or delta_tokens
   if f:sub(o + 3, o + 3) == '1' then redis.call('ZREM', base .. ':conc', rid) end
   if delta ~= 0 then
     if f:sub(o + 2, o + 2) == '1' then

@@ -224,3 +224,57 @@ def test_bad_ids_are_refused_before_any_io(tenant: str) -> None:
         req(tenant, only(rpm=1), est=-1)
     with pytest.raises(ValueError):
         Scope("x{y}", Limits())
+
+
+def cost_scopes(day: int | None = None, month: int | None = None,
+                rpm: int | None = None) -> tuple[Scope, ...]:
+    """A token scope (rpm) beside a cost scope with spend budgets in micro-units."""
+    return (
+        Scope("tenant", Limits(rpm=rpm if rpm is not None else 1000)),
+        Scope("cost", Limits(tokens_per_day=day, tokens_per_month=month), unit="cost"),
+    )
+
+
+def creq(tenant: str, scopes: tuple[Scope, ...], tokens: int, cost: int) -> QuotaRequest:
+    return QuotaRequest(request_id=uuid.uuid4().hex, tenant=tenant, scopes=scopes,
+                        estimated_tokens=tokens, estimated_cost=cost)
+
+
+async def test_cost_budget_counts_cost_not_tokens(store: QuotaStore, tenant: str) -> None:
+    """A cost scope reserves the estimated cost; token counts do not touch it."""
+    scopes = cost_scopes(day=1_000_000)
+    for _ in range(4):
+        await admit(store, creq(tenant, scopes, tokens=10_000_000, cost=250_000))
+    decision = await store.reserve(creq(tenant, scopes, tokens=1, cost=1))
+    assert not decision.admitted
+    assert (decision.scope, decision.limit) == ("cost", "tokens_per_day")
+    assert 0 < decision.retry_after <= seconds_to_next_day(time.time()) + 1
+    assert (await store.usage(tenant, "cost")).tokens_today == 1_000_000
+
+
+async def test_cost_settle_returns_unused_and_charges_overshoot(
+    store: QuotaStore, tenant: str
+) -> None:
+    scopes = cost_scopes(day=1_000, month=5_000)
+    res = await admit(store, creq(tenant, scopes, tokens=100, cost=600))
+    assert await store.settle(res, 50, 200)  # cheaper than estimated: 400 come back
+    usage = await store.usage(tenant, "cost")
+    assert (usage.tokens_today, usage.tokens_this_month) == (200, 200)
+    res = await admit(store, creq(tenant, scopes, tokens=100, cost=700))
+    assert await store.settle(res, 100, 1_500)  # overshoot is charged past the budget
+    usage = await store.usage(tenant, "cost")
+    assert usage.tokens_today == 1_700
+    refused = await store.reserve(creq(tenant, scopes, tokens=1, cost=1))
+    assert not refused.admitted and refused.limit == "tokens_per_day"
+    res_none = await store.reserve(creq(tenant, cost_scopes(month=5_000), tokens=1, cost=10))
+    assert res_none.admitted and res_none.reservation is not None
+    assert await store.settle(res_none.reservation, 1)  # no actual cost: the estimate stays
+    assert (await store.usage(tenant, "cost")).tokens_this_month == 1_710
+
+
+async def test_cost_refusal_reserves_nothing_anywhere(store: QuotaStore, tenant: str) -> None:
+    """Over budget: refused, and the token scope's rpm was not charged either."""
+    scopes = cost_scopes(day=100, rpm=10)
+    decision = await store.reserve(creq(tenant, scopes, tokens=5, cost=101))
+    assert not decision.admitted and decision.scope == "cost"
+    assert (await store.usage(tenant, "tenant")).requests == 0

@@ -168,3 +168,20 @@ def test_workers_on_one_port_exact_quota_ledger_metrics(redis: RedisProc, tmp_pa
                 gw.stop()
     finally:
         os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
+
+
+def test_cost_budget_through_gateway(redis: RedisProc, tmp_path: Path) -> None:
+    """A tenant's daily spend budget: requests are admitted while their estimated cost fits,
+    the real cost is settled, then 429 names cost_per_day."""
+    with SimServer("interactive", speedup=20) as sim:
+        data = _policy(sim.url, {})
+        # 1 USD per 1k output tokens (1,000 per million), input free: 10 output tokens cost
+        # 10,000 micro-units; a 0.05 USD budget holds 5 of them
+        data["prices"] = {"models": {"chat-model": {"input": "0", "output": "1000"}}}
+        data["plans"][0]["limits"] = {"cost_per_day": "0.05"}
+        with GatewayProcess(tmp_path, data) as gw:
+            codes = [_chat(gw.url, max_tokens=10).status_code for _ in range(7)]
+            assert codes == [200] * 5 + [429] * 2, codes
+            r = _chat(gw.url, max_tokens=10)
+            assert "cost_per_day" in r.json()["error"]["message"]
+            assert int(r.headers["retry-after"]) >= 1
