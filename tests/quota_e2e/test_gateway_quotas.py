@@ -185,3 +185,42 @@ def test_cost_budget_through_gateway(redis: RedisProc, tmp_path: Path) -> None:
             r = _chat(gw.url, max_tokens=10)
             assert "cost_per_day" in r.json()["error"]["message"]
             assert int(r.headers["retry-after"]) >= 1
+
+
+def _hammer(url: str, n: int, codes: list[int]) -> None:
+    for _ in range(n):
+        codes.append(_chat(url).status_code)  # list.append is atomic under the GIL
+
+
+def test_tpm_and_budget_exact_across_three_gateways(redis: RedisProc, tmp_path: Path) -> None:
+    """tpm and a daily token budget across 3 gateway processes: the admitted tokens never pass
+    the limit (estimates equal the real usage here, so there is no overshoot to allow for)."""
+    with SimServer("interactive", speedup=20) as sim:
+        # each request: 8 prompt tokens ("hi" chat) + 3 output = 11 tokens
+        per_request = 11
+        for limits, admitted in (({"tpm": 10 * per_request}, 10),
+                                 ({"tokens_per_day": 7 * per_request}, 7)):
+            data = _policy(sim.url, limits)
+            data["tenants"][0]["name"] = "acme"
+            gws = [GatewayProcess(tmp_path, data).start() for _ in range(3)]
+            try:
+                probe = httpx.post(gws[0].url + "/v1/chat/completions", headers=AUTH, json={
+                    "model": "chat-model", "max_tokens": 3,
+                    "messages": [{"role": "user", "content": "hi"}]}, timeout=20)
+                assert probe.status_code == 200
+                assert probe.json()["usage"]["total_tokens"] == per_request
+                codes: list[int] = []
+                urls = [g.url for g in gws]
+                threads = [threading.Thread(target=_hammer, args=(urls[i % 3], 3, codes))
+                           for i in range(12)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                # the probe used one request's worth
+                assert codes.count(200) == admitted - 1, (limits, codes)
+                assert codes.count(429) == 36 - (admitted - 1)
+            finally:
+                for gw in gws:
+                    gw.stop()
+            redis.cli("FLUSHALL")
