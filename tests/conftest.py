@@ -9,6 +9,7 @@ import pytest
 
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.redis_servers import RedisCluster3, RedisProc
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +35,18 @@ def gateway(
 @pytest.fixture()
 def api_key() -> str:
     return TEST_KEY
+
+
+@pytest.fixture(scope="session")
+def redis_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProc]:
+    """A redis-server shared by the session (tests use their own tenant ids)."""
+    proc = RedisProc(tmp_path_factory.mktemp("redis")).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster3]:
+    cluster = RedisCluster3(tmp_path_factory.mktemp("cluster")).start()
+    yield cluster
+    cluster.stop()

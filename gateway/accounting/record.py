@@ -98,13 +98,8 @@ def account_stream(
     """
     reported = scanner.usage
     estimate = 0 if reported is not None else counter.count_text(scanner.delivered_text())
-    if remember_reply:
-        reply = scanner.reply_text()
-        if reply:
-            counter.remember_reply(
-                reply, reported.completion_tokens if reported is not None else estimate
-            )
-    return account(split, reported, estimated_output=estimate, price=price, batch=batch)
+    reply = scanner.reply_text() if remember_reply else None
+    return _finish(split, reported, estimate, reply, counter, price, batch)
 
 
 def account_body(
@@ -123,8 +118,22 @@ def account_body(
     reported = usage_from_body(body)
     text = text_from_body(body) if reported is None or remember_reply else ""
     estimate = 0 if reported is not None else counter.count_text(text)
-    if remember_reply and text:
+    return _finish(split, reported, estimate, text if remember_reply else None, counter, price,
+                   batch)
+
+
+def _finish(
+    split: PromptSplit,
+    reported: BackendUsage | None,
+    estimate: int,
+    reply: str | None,
+    counter: PromptCounter,
+    price: ModelPrice | None,
+    batch: bool,
+) -> TokenUsage:
+    """Remember the reply for the next turn (its reported or estimated tokens), then account."""
+    if reply:
         counter.remember_reply(
-            text, reported.completion_tokens if reported is not None else estimate
+            reply, reported.completion_tokens if reported is not None else estimate
         )
     return account(split, reported, estimated_output=estimate, price=price, batch=batch)

@@ -14,28 +14,13 @@ from typing import Any
 import pytest
 
 from gateway.ledger import Ledger, LedgerSettings, MemoryLedger, RedisLedger, UsageRecord
-from tests.ledger.servers import RedisCluster3, RedisProc
+from tests.ledger.servers import RedisProc
 
 LedgerFactory = Callable[..., Awaitable[Ledger]]
 RecordFactory = Callable[..., UsageRecord]
 
 # generous round-trip bound: the test box is shared
 TIMEOUT = 2.0
-
-
-@pytest.fixture(scope="session")
-def redis_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProc]:
-    """A redis-server shared by the session (tests use their own tenant ids)."""
-    proc = RedisProc(tmp_path_factory.mktemp("redis")).start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster3]:
-    cluster = RedisCluster3(tmp_path_factory.mktemp("cluster")).start()
-    yield cluster
-    cluster.stop()
 
 
 @pytest.fixture()

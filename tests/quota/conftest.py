@@ -11,24 +11,9 @@ from typing import Any
 import pytest
 
 from gateway.quota import MemoryQuotaStore, QuotaStore, RedisQuotaStore
-from tests.quota.servers import RedisCluster3, RedisProc
+from tests.quota.servers import RedisProc
 
 StoreFactory = Callable[..., QuotaStore]
-
-
-@pytest.fixture(scope="session")
-def redis_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProc]:
-    """A redis-server shared by the session (tests use their own tenant ids)."""
-    proc = RedisProc(tmp_path_factory.mktemp("redis")).start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster3]:
-    cluster = RedisCluster3(tmp_path_factory.mktemp("cluster")).start()
-    yield cluster
-    cluster.stop()
 
 
 @pytest.fixture()
