@@ -15,15 +15,17 @@ import uvicorn
 
 from gateway.app import CONFIG_ENV
 from gateway.config import load_policy
+from gateway.h1server import GatewayH1Protocol
 
 __all__ = ["serve", "uvicorn_options"]
 
 
-def uvicorn_options(drain_timeout: float) -> dict[str, object]:
-    """Server settings shared by ``serve`` and the demo."""
+def uvicorn_options(drain_timeout: float, http_protocol: str = "native") -> dict[str, object]:
+    """Server settings shared by ``serve`` and the demo; ``http_protocol`` is the policy's
+    ``server.http_protocol`` (``native``: :class:`~gateway.h1server.GatewayH1Protocol`)."""
     return {
         "loop": "uvloop",
-        "http": "httptools",
+        "http": GatewayH1Protocol if http_protocol == "native" else "httptools",
         "lifespan": "on",
         "proxy_headers": False,  # the gateway reads no X-Forwarded-* header
         "access_log": False,
@@ -53,5 +55,5 @@ def serve(config: str, host: str, port: int, workers: int) -> None:
         host=host,
         port=port,
         workers=workers if workers > 1 else None,
-        **uvicorn_options(policy.server.drain_timeout),  # type: ignore[arg-type]
+        **uvicorn_options(policy.server.drain_timeout, policy.server.http_protocol),  # type: ignore[arg-type]
     )

@@ -295,6 +295,9 @@ class Server(_Base, frozen=True):
     watch_interval: Annotated[float, msgspec.Meta(ge=0)] = 2.0
     #: the upstream HTTP client: the lean built-in HTTP/1.1 client, or aiohttp
     upstream_client: Literal["native", "aiohttp"] = "native"
+    #: the HTTP/1.1 server protocol under uvicorn: the gateway's lean one, or uvicorn's own
+    #: httptools protocol (``uvicorn``); uvicorn runs the sockets, workers and drain either way
+    http_protocol: Literal["native", "uvicorn"] = "native"
 
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
