@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Literal
 import msgspec
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from gateway.accounting.record import TokenUsage
     from gateway.context import RequestContext
 
@@ -29,6 +31,7 @@ __all__ = [
     "day_of",
     "decode_record",
     "decode_records",
+    "encode_lines",
     "encode_record",
     "make_record",
     "month_of",
@@ -39,8 +42,12 @@ Outcome = Literal["completed", "failed", "cancelled", "rejected"]
 _DAY_MS = 86_400_000
 
 
-class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """What one admitted request used and cost; immutable once written."""
+class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What one admitted request used and cost; immutable once written.
+
+    ``gc=False``: every field is a scalar, so a record can never be part of a reference
+    cycle; untracked, the records an embedded ledger keeps cost the collector nothing.
+    """
 
     request_id: str
     #: unix milliseconds at completion; picks the UTC day partition
@@ -89,6 +96,11 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(UsageRecord)
+
+
+def encode_lines(records: Iterable[UsageRecord]) -> bytes:
+    """Records as JSON Lines (newline after each), encoded in one call."""
+    return _encoder.encode_lines(records)
 
 
 def encode_record(record: UsageRecord) -> bytes:

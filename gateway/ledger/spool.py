@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.ledger.record import UsageRecord, decode_records, encode_record
+from gateway.ledger.record import UsageRecord, decode_records, encode_lines
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -39,7 +39,7 @@ DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
 
 
 def _encode_lines(records: Iterable[UsageRecord]) -> bytes:
-    return b"".join(encode_record(r) + b"\n" for r in records)
+    return encode_lines(records)
 
 
 class Claim:

@@ -50,6 +50,7 @@ from gateway.quota.errors import (
 from gateway.quota.keys import record_key, scope_key
 from gateway.quota.limits import LIMIT_NAMES
 from gateway.quota.memory import RECORD_TTL
+from gateway.quota.resp import PipelinedRedis, supports_url
 from gateway.quota.scripts import RENEW, RESERVE, SETTLE, USAGE
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisClient", "RedisQuotaStore", "map_redis_error"]
 
-RedisClient = Redis | RedisCluster
+RedisClient = Redis | RedisCluster | PipelinedRedis
 
 _OUTAGE_ERRORS = (
     RedisConnectionError,  # includes BusyLoadingError (LOADING)
@@ -165,6 +166,7 @@ class RedisQuotaStore(QuotaStore):
         connect_timeout: float = 0.2,
         socket_timeout: float | None = None,
         max_connections: int = 256,
+        pipelined: bool = True,
         **kwargs: Any,
     ) -> RedisQuotaStore:
         """A store with its own client: bounded calls, no retries inside a call.
@@ -176,6 +178,8 @@ class RedisQuotaStore(QuotaStore):
             socket_timeout: redis-py's per-read/write timeout. Off by default: ``timeout``
                 already bounds the call, and redis-py implements this one with a task per
                 write (``asyncio.wait_for``), a fifth of the client's CPU per call.
+            pipelined: talk to a single node (``redis://``) with the lean auto-pipelining
+                client (``resp.py``); Cluster, TLS and unix sockets always use redis-py.
             kwargs: passed to the store.
 
         redis-py's default retries would multiply the wait on a dead server; the store's
@@ -189,7 +193,9 @@ class RedisQuotaStore(QuotaStore):
             "max_connections": max_connections,
         }
         client: RedisClient
-        if cluster:
+        if pipelined and not cluster and supports_url(url):
+            client = PipelinedRedis.from_url(url, connect_timeout=min(connect_timeout, timeout))
+        elif cluster:
             client = RedisCluster.from_url(url, **options)
         else:
             client = Redis.from_url(url, health_check_interval=0, **options)
@@ -197,7 +203,8 @@ class RedisQuotaStore(QuotaStore):
         return cls(client, owns_client=True, **kwargs)
 
     def __repr__(self) -> str:
-        kind = "cluster" if isinstance(self._client, RedisCluster) else "redis"
+        kind = ("cluster" if isinstance(self._client, RedisCluster)
+                else "pipelined" if isinstance(self._client, PipelinedRedis) else "redis")
         return f"<RedisQuotaStore [{kind} | {self._backoff!r}]>"
 
     @property
@@ -336,6 +343,8 @@ class RedisQuotaStore(QuotaStore):
         self._backoff.failure()
 
     async def _drop_idle_connections(self) -> None:
-        if isinstance(self._client, Redis):  # RedisCluster re-discovers its nodes itself
+        if isinstance(self._client, PipelinedRedis):  # one connection: it may hang, drop it
+            self._client.disconnect()
+        elif isinstance(self._client, Redis):  # RedisCluster re-discovers its nodes itself
             with contextlib.suppress(Exception):
                 await self._client.connection_pool.disconnect(inuse_connections=False)

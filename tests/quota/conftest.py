@@ -1,5 +1,6 @@
 """Fixtures: a redis-server and a 3-master Redis Cluster of our own, and one ``store`` fixture
-that runs the same tests against the memory, Redis and Redis Cluster stores."""
+that runs the same tests against the memory, Redis (the pipelined client and redis-py) and Redis
+Cluster stores."""
 
 from __future__ import annotations
 
@@ -24,12 +25,12 @@ def own_redis(tmp_path: Path) -> Iterator[RedisProc]:
     proc.stop()
 
 
-@pytest.fixture(params=["memory", "redis", "cluster"])
+@pytest.fixture(params=["memory", "redis", "redis-py", "cluster"])
 async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
     """Builds stores of one kind (``make_store(window=1.0)``); closes them after the test."""
     kind: str = request.param
     url = ""
-    if kind == "redis":
+    if kind in ("redis", "redis-py"):
         url = request.getfixturevalue("redis_proc").url
     elif kind == "cluster":
         url = request.getfixturevalue("redis_cluster").url
@@ -40,7 +41,8 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
         if kind == "memory":
             store = MemoryQuotaStore(**kwargs)
         else:  # generous timeout: the test box is shared
-            store = RedisQuotaStore.from_url(url, cluster=kind == "cluster", timeout=2.0, **kwargs)
+            store = RedisQuotaStore.from_url(url, cluster=kind == "cluster", timeout=2.0,
+                                             pipelined=kind == "redis", **kwargs)
         made.append(store)
         return store
 
