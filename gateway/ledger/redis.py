@@ -57,6 +57,7 @@ from gateway.ledger.keys import (
 from gateway.ledger.record import decode_record, encode_record
 from gateway.ledger.scripts import STORE_RECORD
 from gateway.ledger.spool import Spool
+from gateway.resp import PipelinedRedis, supports_url
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
@@ -129,10 +130,13 @@ class RedisLedger(Ledger):
         settings: LedgerSettings | None = None,
         deadline: float = 0.25,
         owns_client: bool = False,
+        writer: PipelinedRedis | None = None,
     ) -> None:
         super().__init__(settings)
         s = self.settings
         self._client = client
+        #: the write path's client when Redis is one node: the lean auto-pipelining one
+        self._writer = writer
         self._deadline = deadline
         self._owns_client = owns_client
         self._backoff = Backoff(maximum=2.0)
@@ -154,6 +158,7 @@ class RedisLedger(Ledger):
         timeout: float = 0.25,
         connect_timeout: float = 0.2,
         max_connections: int = 64,
+        pipelined: bool = True,
         **kwargs: Any,
     ) -> RedisLedger:
         """A ledger with its own client: connect bounded by ``connect_timeout``, each round
@@ -168,6 +173,9 @@ class RedisLedger(Ledger):
             client = RedisCluster.from_url(url, **options)
         else:
             client = Redis.from_url(url, health_check_interval=0, **options)
+        if pipelined and not cluster and supports_url(url):
+            kwargs.setdefault("writer", PipelinedRedis.from_url(
+                url, connect_timeout=min(connect_timeout, timeout)))
         return cls(client, spool_dir=spool_dir, deadline=timeout, owns_client=True, **kwargs)
 
     def __repr__(self) -> str:
@@ -256,13 +264,20 @@ class RedisLedger(Ledger):
         return new
 
     async def _pipeline(self, chunk: list[UsageRecord]) -> list[Any]:
-        pipe = self._client.pipeline(transaction=False)
-        tenants = set()
-        for record in chunk:
-            pipe.execute_command("EVALSHA", self._sha, 4, *self._script_args(record))
-            tenants.add(record.tenant)
-        pipe.execute_command("SADD", TENANTS_KEY, *tenants)
-        results: list[Any] = await pipe.execute(raise_on_error=False)
+        tenants = {record.tenant for record in chunk}
+        results: list[Any]
+        if self._writer is not None:
+            commands: list[tuple[Any, ...]] = [
+                ("EVALSHA", self._sha, 4, *self._script_args(record)) for record in chunk
+            ]
+            commands.append(("SADD", TENANTS_KEY, *tenants))
+            results = await self._writer.execute_many(commands)
+        else:
+            pipe = self._client.pipeline(transaction=False)
+            for record in chunk:
+                pipe.execute_command("EVALSHA", self._sha, 4, *self._script_args(record))
+            pipe.execute_command("SADD", TENANTS_KEY, *tenants)
+            results = await pipe.execute(raise_on_error=False)
         sadd = results.pop()
         if isinstance(sadd, BaseException) and _is_outage(sadd):
             raise sadd
@@ -350,6 +365,8 @@ class RedisLedger(Ledger):
         self.spool.close()
         if self._owns_client:
             await self._client.aclose()
+            if self._writer is not None:
+                await self._writer.aclose()
 
     # -- reading --------------------------------------------------------------------------
 

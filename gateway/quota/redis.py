@@ -50,8 +50,8 @@ from gateway.quota.errors import (
 from gateway.quota.keys import record_key, scope_key
 from gateway.quota.limits import LIMIT_NAMES
 from gateway.quota.memory import RECORD_TTL
-from gateway.quota.resp import PipelinedRedis, supports_url
 from gateway.quota.scripts import RENEW, RESERVE, SETTLE, USAGE
+from gateway.resp import PipelinedRedis, supports_url
 
 if TYPE_CHECKING:
     from gateway.quota.base import QuotaRequest

@@ -33,14 +33,14 @@ def own_redis(tmp_path: Path) -> Iterator[RedisProc]:
     proc.stop()
 
 
-@pytest.fixture(params=["memory", "redis", "cluster"])
+@pytest.fixture(params=["memory", "redis", "redis-py", "cluster"])
 async def make_ledger(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[LedgerFactory]:
     """Builds started ledgers of one kind (``await make_ledger()``); closes them after."""
     kind: str = request.param
     url = ""
-    if kind == "redis":
+    if kind in ("redis", "redis-py"):
         url = request.getfixturevalue("redis_proc").url
     elif kind == "cluster":
         url = request.getfixturevalue("redis_cluster").url
@@ -55,7 +55,8 @@ async def make_ledger(
             ledger = MemoryLedger(spool, settings=config)
         else:
             ledger = RedisLedger.from_url(
-                url, spool_dir=spool, cluster=kind == "cluster", timeout=TIMEOUT, settings=config
+                url, spool_dir=spool, cluster=kind == "cluster", timeout=TIMEOUT, settings=config,
+                pipelined=kind == "redis",
             )
         await ledger.start()
         made.append(ledger)

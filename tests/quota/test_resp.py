@@ -8,7 +8,7 @@ import pytest
 from redis.exceptions import AuthenticationError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.quota.resp import PipelinedRedis, encode_command, supports_url
+from gateway.resp import PipelinedRedis, encode_command, supports_url
 from tests.quota.servers import RedisProc
 
 

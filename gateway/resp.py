@@ -1,4 +1,6 @@
-"""A lean, auto-pipelining Redis client for the quota hot path (one node, RESP2, hiredis).
+"""A lean, auto-pipelining Redis client for the hot path (one node, RESP2, hiredis).
+
+Used by the quota store (admit and settle, every request) and the ledger's write path.
 
 Why not redis-py here: profiled through the gateway with quotas on, redis-py's asyncio client
 spent ~100 µs of the event loop per EVALSHA (command packing, the connection pool, a timeout
@@ -8,7 +10,8 @@ iteration in one ``write`` (auto-pipelining); replies are parsed by hiredis and 
 callers in order. Each caller still waits exactly one round trip.
 
 It speaks to one Redis node (``redis://[user:password@]host[:port][/db]``); Redis Cluster,
-TLS and unix sockets stay on redis-py (``RedisQuotaStore.from_url`` picks). Errors are
+TLS and unix sockets stay on redis-py (``RedisQuotaStore.from_url`` and
+``RedisLedger.from_url`` pick). Errors are
 redis-py's exception classes, so the store's failure handling is the same for both clients:
 a lost connection fails every waiting call with ``ConnectionError`` and the next call
 reconnects; ``disconnect`` (the store calls it on its first failure, a timeout included) drops a
@@ -52,21 +55,26 @@ def supports_url(url: str) -> bool:
     return urlparse(url).scheme == "redis"
 
 
-def _arg(value: Any) -> bytes:
-    if isinstance(value, bytes):
-        data = value
-    elif isinstance(value, str):
-        data = value.encode()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        data = repr(value).encode()
-    else:
-        raise TypeError(f"cannot send {type(value).__name__} to Redis")
-    return b"$%d\r\n%s\r\n" % (len(data), data)
-
-
 def encode_command(args: tuple[Any, ...]) -> bytes:
     """One command in RESP: an array of bulk strings."""
-    return b"*%d\r\n" % len(args) + b"".join(map(_arg, args))
+    out = [b"*%d\r\n" % len(args)]
+    append = out.append
+    for value in args:
+        kind = value.__class__
+        if kind is str:
+            data = value.encode()
+        elif kind is bytes:
+            data = value
+        elif kind is int or kind is float:
+            data = repr(value).encode()
+        elif isinstance(value, bytes | bytearray | memoryview):
+            data = bytes(value)
+        else:
+            raise TypeError(f"cannot send {kind.__name__} to Redis")
+        append(b"$%d\r\n" % len(data))
+        append(data)
+        append(b"\r\n")
+    return b"".join(out)
 
 
 def _error(reply: hiredis.ReplyError) -> Exception:
@@ -188,6 +196,29 @@ class PipelinedRedis:
             proto.flush_scheduled = True
             loop.call_soon(proto.flush)
         return await waiter
+
+    async def execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Several commands in one write (a pipeline, not a transaction); each reply in
+        order, an error reply as its exception object rather than raised (redis-py's
+        ``pipeline.execute(raise_on_error=False)``)."""
+        proto = self._proto
+        if proto is None:
+            proto = await self._connect()
+        loop = asyncio.get_running_loop()
+        waiters: list[asyncio.Future[Any]] = [loop.create_future() for _ in commands]
+        proto.waiters.extend(waiters)
+        proto.pending.extend(encode_command(c) for c in commands)
+        self.commands += len(commands)
+        if not proto.flush_scheduled:
+            proto.flush_scheduled = True
+            loop.call_soon(proto.flush)
+        results: list[Any] = []
+        for waiter in waiters:
+            try:
+                results.append(await waiter)
+            except (ResponseError, RedisConnectionError) as exc:
+                results.append(exc)
+        return results
 
     async def script_load(self, source: str) -> str:
         sha = await self.execute_command("SCRIPT", "LOAD", source)
