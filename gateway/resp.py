@@ -38,7 +38,10 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["PipelinedRedis", "encode_command", "supports_url"]
+__all__ = ["LAZY_FLUSH_S", "PipelinedRedis", "encode_command", "supports_url"]
+
+#: how long a non-urgent command may wait for others to share its write
+LAZY_FLUSH_S = 0.001
 
 _ERRORS: tuple[tuple[str, type[ResponseError] | type[RedisConnectionError]], ...] = (
     ("NOSCRIPT", NoScriptError),
@@ -57,24 +60,24 @@ def supports_url(url: str) -> bool:
 
 def encode_command(args: tuple[Any, ...]) -> bytes:
     """One command in RESP: an array of bulk strings."""
-    out = [b"*%d\r\n" % len(args)]
-    append = out.append
+    parts = [b"*%d\r\n" % len(args)]
+    append = parts.append
     for value in args:
         kind = value.__class__
         if kind is str:
             data = value.encode()
         elif kind is bytes:
             data = value
-        elif kind is int or kind is float:
+        elif kind is int:
+            data = b"%d" % value
+        elif kind is float:
             data = repr(value).encode()
         elif isinstance(value, bytes | bytearray | memoryview):
             data = bytes(value)
         else:
             raise TypeError(f"cannot send {kind.__name__} to Redis")
-        append(b"$%d\r\n" % len(data))
-        append(data)
-        append(b"\r\n")
-    return b"".join(out)
+        append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(parts)
 
 
 def _error(reply: hiredis.ReplyError) -> Exception:
@@ -86,8 +89,8 @@ def _error(reply: hiredis.ReplyError) -> Exception:
 
 
 class _Protocol(asyncio.Protocol):
-    __slots__ = ("client", "flush_scheduled", "pending", "reader", "transport", "waiters",
-                 "writes")
+    __slots__ = ("client", "flush_later", "flush_scheduled", "pending", "reader", "transport",
+                 "waiters", "writes")
 
     def __init__(self, client: PipelinedRedis) -> None:
         self.client = client
@@ -97,11 +100,15 @@ class _Protocol(asyncio.Protocol):
         self.waiters: deque[asyncio.Future[Any]] = deque()
         self.pending: list[bytes] = []
         self.flush_scheduled = False
+        self.flush_later: asyncio.TimerHandle | None = None
         self.writes = 0
 
     def flush(self) -> None:
         """Write what this loop iteration queued, in one ``write``."""
         self.flush_scheduled = False
+        if self.flush_later is not None:
+            self.flush_later.cancel()
+            self.flush_later = None
         pending = self.pending
         transport = self.transport
         if not pending or transport is None or transport.is_closing():
@@ -182,8 +189,12 @@ class PipelinedRedis:
         return (f"<PipelinedRedis {self.host}:{self.port}/{self.db} {state} "
                 f"commands={self.commands} writes={writes}>")
 
-    async def execute_command(self, *args: Any) -> Any:
-        """Send one command with whatever else this loop iteration sends; its reply."""
+    async def execute_command(self, *args: Any, urgent: bool = True) -> Any:
+        """Send one command with whatever else this loop iteration sends; its reply.
+
+        ``urgent=False``: the command may wait up to :data:`LAZY_FLUSH_S` for company (a
+        write per command is most of a call's cost); any urgent command takes it along.
+        """
         proto = self._proto
         if proto is None:
             proto = await self._connect()
@@ -193,8 +204,11 @@ class PipelinedRedis:
         proto.pending.append(encode_command(args))
         self.commands += 1
         if not proto.flush_scheduled:
-            proto.flush_scheduled = True
-            loop.call_soon(proto.flush)
+            if urgent:
+                proto.flush_scheduled = True
+                loop.call_soon(proto.flush)
+            elif proto.flush_later is None:
+                proto.flush_later = loop.call_later(LAZY_FLUSH_S, proto.flush)
         return await waiter
 
     async def execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:

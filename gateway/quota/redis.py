@@ -261,7 +261,8 @@ class RedisQuotaStore(QuotaStore):
         keys = self._keys(reservation.tenant, reservation.request_id, reservation.scopes)
         cost = -1 if actual_cost is None else max(0, actual_cost)
         args = [reservation.request_id, max(0, actual_tokens), self._window_us, cost]
-        return int(await self._run(self._settle, keys, args)) == 1
+        # nobody waits on a settle's timing: it may share a write with others (``urgent``)
+        return int(await self._run(self._settle, keys, args, urgent=False)) == 1
 
     async def usage(self, tenant: str, scope: str) -> Usage:
         reply = await self._run(self._usage, [scope_key(tenant, scope)], [self._window_us])
@@ -309,16 +310,26 @@ class RedisQuotaStore(QuotaStore):
     def _record_ttl_ms(self, lease_ttl: float) -> int:
         return round(max(self._record_ttl, 2 * lease_ttl) * 1000)
 
-    async def _run(self, script: _Script, keys: list[str], args: list[Any]) -> Any:
-        """EVALSHA once (plus a load on ``NOSCRIPT``), bounded, with errors translated."""
+    async def _run(self, script: _Script, keys: list[str], args: list[Any], *,
+                   urgent: bool = True) -> Any:
+        """EVALSHA once (plus a load on ``NOSCRIPT``), bounded, with errors translated.
+
+        ``urgent=False`` lets the pipelined client hold the command up to ~1 ms so it shares a
+        ``write`` with others (settles: the response is already on its way)."""
+        pipelined = isinstance(self._client, PipelinedRedis)
         if not self._backoff.allow():
             raise QuotaBackingOff("Redis failed moments ago; backing off before the next try")
         try:
             async with asyncio.timeout(self._deadline):
                 try:
-                    reply = await self._client.execute_command(
-                        "EVALSHA", script.sha, len(keys), *keys, *args
-                    )
+                    if pipelined and not urgent:
+                        reply = await self._client.execute_command(
+                            "EVALSHA", script.sha, len(keys), *keys, *args, urgent=False
+                        )
+                    else:
+                        reply = await self._client.execute_command(
+                            "EVALSHA", script.sha, len(keys), *keys, *args
+                        )
                 except NoScriptError:
                     await self._client.script_load(script.source)
                     reply = await self._client.execute_command(

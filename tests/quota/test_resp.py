@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from redis.exceptions import AuthenticationError, NoScriptError, ResponseError
@@ -94,3 +95,24 @@ async def test_db_and_password_from_the_url(own_redis: RedisProc) -> None:
     with pytest.raises(AuthenticationError):
         await denied.execute_command("PING")
     await denied.aclose()
+
+
+async def test_non_urgent_commands_wait_briefly_to_share_a_write(redis_proc: RedisProc) -> None:
+    client = PipelinedRedis.from_url(redis_proc.url)
+    try:
+        await client.ping()
+        before = int(repr(client).split("writes=")[1].rstrip(">"))
+        started = asyncio.get_running_loop().time()
+        assert await client.execute_command("PING", urgent=False) == b"PONG"
+        assert asyncio.get_running_loop().time() - started < 0.5  # the timer sent it alone
+
+        async def lazy(i: int) -> Any:
+            await asyncio.sleep(0)  # issued over several loop iterations
+            return await client.execute_command("ECHO", str(i), urgent=False)
+
+        replies = await asyncio.gather(*(lazy(i) for i in range(50)))
+        assert replies == [str(i).encode() for i in range(50)]
+        after = int(repr(client).split("writes=")[1].rstrip(">"))
+        assert after - before <= 3  # one for the lone PING, one or two for the fifty
+    finally:
+        await client.aclose()
