@@ -55,6 +55,47 @@ def _fallback(obj: Any) -> str:
 _encode = msgspec.json.Encoder(enc_hook=_fallback).encode
 
 
+class _AccessLine(msgspec.Struct, omit_defaults=True, gc=False, rename={"cls": "class"}):
+    """One access line. A struct rather than a dict: it builds and encodes in about half the
+    time, and this runs once per request. Fields without a default are always written (as
+    ``null`` when unknown); the rest only when set."""
+
+    timestamp: str
+    level: str
+    event: str
+    request_id: str
+    tenant: str | None
+    key_id: str | None
+    endpoint: str
+    model: str | None
+    upstream_model: str | None
+    cls: str | None
+    pool: str | None
+    backend: str | None
+    stream: bool
+    status: int
+    outcome: str
+    attempts: int
+    ttft_ms: float | None
+    duration_ms: float | None
+    failovers: int = 0
+    trace_id: str | None = None
+    span_id: str | None = None
+    quota: str | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    tokens_system: int | None = None
+    tokens_history: int | None = None
+    tokens_new: int | None = None
+    tokens_cached: int | None = None
+    tokens_estimated: bool = False
+    cost_micros: int | None = None
+    error: str | None = None
+
+
+_encode_line = msgspec.json.Encoder().encode
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LogSettings:
     """What is logged; :meth:`from_env` reads ``GATEWAY_LOG_*``."""
@@ -246,44 +287,41 @@ class AccessLog:
             quota = getattr(ctx, "quota", None)
         started = ctx.started_ns
         first, finished = ctx.first_token_ns, ctx.finished_ns
-        line: dict[str, Any] = {
-            "timestamp": self._timestamp(),
-            "level": "info" if ok else "warning",
-            "event": "access",
-            "request_id": ctx.request_id,
-            "tenant": tenant,
-            "key_id": ctx.key_id,
-            "endpoint": ctx.endpoint,
-            "model": ctx.request_model,
-            "upstream_model": ctx.upstream_model,
-            "class": ctx.request_class,
-            "pool": ctx.pool,
-            "backend": ctx.backend,
-            "stream": ctx.stream,
-            "status": ctx.status,
-            "outcome": ctx.outcome,
-            "attempts": ctx.attempts,
-            "ttft_ms": None if first is None else round((first - started) / 1e6, 3),
-            "duration_ms": None if finished is None else round((finished - started) / 1e6, 3),
-        }
-        if ctx.failovers:
-            line["failovers"] = ctx.failovers
+        line = _AccessLine(
+            timestamp=self._timestamp(),
+            level="info" if ok else "warning",
+            event="access",
+            request_id=ctx.request_id,
+            tenant=tenant,
+            key_id=ctx.key_id,
+            endpoint=ctx.endpoint,
+            model=ctx.request_model,
+            upstream_model=ctx.upstream_model,
+            cls=ctx.request_class,
+            pool=ctx.pool,
+            backend=ctx.backend,
+            stream=ctx.stream,
+            status=ctx.status,
+            outcome=ctx.outcome,
+            attempts=ctx.attempts,
+            ttft_ms=None if first is None else round((first - started) / 1e6, 3),
+            duration_ms=None if finished is None else round((finished - started) / 1e6, 3),
+            failovers=ctx.failovers,
+            quota=quota,
+        )
         if span is not None and span.trace_id is not None:
-            line["trace_id"] = span.trace_id
-            line["span_id"] = span.span_id
-        if quota is not None:
-            line["quota"] = quota
+            line.trace_id = span.trace_id
+            line.span_id = span.span_id
         if usage is not None:
-            line["tokens_in"] = usage.prompt_total
-            line["tokens_out"] = usage.output
-            line["tokens_system"] = usage.system
-            line["tokens_history"] = usage.history
-            line["tokens_new"] = usage.new
-            line["tokens_cached"] = usage.cached
-            if usage.estimated:
-                line["tokens_estimated"] = True
+            line.tokens_in = usage.prompt_total
+            line.tokens_out = usage.output
+            line.tokens_system = usage.system
+            line.tokens_history = usage.history
+            line.tokens_new = usage.new
+            line.tokens_cached = usage.cached
+            line.tokens_estimated = usage.estimated
             if usage.cost is not None:
-                line["cost_micros"] = usage.cost.total
+                line.cost_micros = usage.cost.total
         if ctx.error:
-            line["error"] = self._redact(ctx.error)
-        self._write(_encode(line) + b"\n")
+            line.error = self._redact(ctx.error)
+        self._write(_encode_line(line) + b"\n")
