@@ -1,10 +1,10 @@
 """A line writer that keeps blocking writes off the event loop.
 
-``write`` appends bytes to a deque (no syscall, no lock); a daemon thread writes
-what has gathered every ``interval`` seconds, or sooner when ``max_pending`` lines wait, in one
-``write`` call. Past ``hard_limit`` pending lines (stdout blocked for long) new lines are dropped
-and counted, and a line reporting the drop is written once stdout moves again, so a stuck log
-consumer never stalls requests or fills memory.
+``write`` appends bytes (one line, or a batch of lines with their count) to a deque (no
+syscall); a daemon thread writes what has gathered every ``interval`` seconds, or sooner when
+``max_pending`` lines wait, in one ``write`` call. Past ``hard_limit`` pending lines (stdout
+blocked for long) new lines are dropped and counted, and a line reporting the drop is written
+once stdout moves again, so a stuck log consumer never stalls requests or fills memory.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ class LineWriter:
         self._max_pending = max_pending
         self._hard_limit = hard_limit
         self._pending: deque[bytes] = deque()  # append/popleft are thread-safe
+        self._pending_lines = 0  # updated under _count_lock (writes are whole batches)
+        self._count_lock = threading.Lock()
         self._dropped = 0
         self._wake = threading.Event()
         self._closed = False
@@ -38,14 +40,16 @@ class LineWriter:
     def __repr__(self) -> str:
         return f"<LineWriter [pending: {len(self._pending)} | dropped: {self._dropped}]>"
 
-    def write(self, line: bytes) -> None:
-        """Queue one line (it must end with a newline)."""
-        pending = self._pending
-        if len(pending) >= self._hard_limit:
-            self._dropped += 1
-            return
-        pending.append(line)
-        if len(pending) == self._max_pending:
+    def write(self, line: bytes, lines: int = 1) -> None:
+        """Queue one line, or ``lines`` lines in one bytes object (each ends with a newline)."""
+        with self._count_lock:
+            if self._pending_lines + lines > self._hard_limit:
+                self._dropped += lines
+                return
+            self._pending_lines += lines
+            self._pending.append(line)
+            full = self._pending_lines >= self._max_pending
+        if full:
             self._wake.set()
 
     def flush(self) -> None:
@@ -55,9 +59,11 @@ class LineWriter:
         """Write everything queued now, from the calling thread."""
         with self._io_lock:
             queue, pending = self._pending, []
-            for _ in range(len(queue)):
-                pending.append(queue.popleft())
-            dropped, self._dropped = self._dropped, 0
+            with self._count_lock:
+                for _ in range(len(queue)):
+                    pending.append(queue.popleft())
+                self._pending_lines = 0
+                dropped, self._dropped = self._dropped, 0
             if dropped:
                 pending.append(b'{"event":"log_lines_dropped","level":"warning","count":%d}\n'
                                % dropped)
