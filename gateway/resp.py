@@ -38,6 +38,8 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.deadlines import wheel
+
 __all__ = ["LAZY_FLUSH_S", "PipelinedRedis", "encode_command", "supports_url"]
 
 #: how long a non-urgent command may wait for others to share its write
@@ -78,6 +80,11 @@ def encode_command(args: tuple[Any, ...]) -> bytes:
             raise TypeError(f"cannot send {kind.__name__} to Redis")
         append(b"$%d\r\n%b\r\n" % (len(data), data))
     return b"".join(parts)
+
+
+def _expire(waiter: asyncio.Future[Any], timeout: float) -> None:
+    if not waiter.done():
+        waiter.set_exception(RedisTimeoutError(f"Redis did not answer within {timeout} s"))
 
 
 def _error(reply: hiredis.ReplyError) -> Exception:
@@ -189,11 +196,15 @@ class PipelinedRedis:
         return (f"<PipelinedRedis {self.host}:{self.port}/{self.db} {state} "
                 f"commands={self.commands} writes={writes}>")
 
-    async def execute_command(self, *args: Any, urgent: bool = True) -> Any:
+    async def execute_command(self, *args: Any, urgent: bool = True,
+                              timeout: float | None = None) -> Any:
         """Send one command with whatever else this loop iteration sends; its reply.
 
         ``urgent=False``: the command may wait up to :data:`LAZY_FLUSH_S` for company (a
         write per command is most of a call's cost); any urgent command takes it along.
+        ``timeout``: raise ``redis.exceptions.TimeoutError`` if no reply came within about
+        that many seconds (a coarse deadline wheel, not a timer per call); the reply's place
+        in the stream is kept, so later replies still reach their callers.
         """
         proto = self._proto
         if proto is None:
@@ -209,7 +220,14 @@ class PipelinedRedis:
                 loop.call_soon(proto.flush)
             elif proto.flush_later is None:
                 proto.flush_later = loop.call_later(LAZY_FLUSH_S, proto.flush)
-        return await waiter
+        if timeout is None:
+            return await waiter
+        deadlines = wheel(loop)
+        handle = deadlines.add(timeout, lambda: _expire(waiter, timeout))
+        try:
+            return await waiter
+        finally:
+            deadlines.cancel(handle)
 
     async def execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Several commands in one write (a pipeline, not a transaction); each reply in

@@ -36,6 +36,7 @@ from gateway.api.shadow import start_shadow
 from gateway.auth import bearer_token
 from gateway.batch.runner import LineAnswer
 from gateway.context import RequestContext
+from gateway.deadlines import wheel
 from gateway.errors import (
     AuthenticationFailed,
     GatewayError,
@@ -50,7 +51,6 @@ from gateway.ledger import make_record
 from gateway.quota import QuotaRequest, QuotaUnavailable
 from gateway.quota.admission import Admission
 from gateway.routing.classes import resolve_class
-from gateway.upstream.deadlines import wheel
 from gateway.upstream.forward import forward
 from gateway.upstream.headers import request_headers
 

@@ -316,25 +316,33 @@ class RedisQuotaStore(QuotaStore):
 
         ``urgent=False`` lets the pipelined client hold the command up to ~1 ms so it shares a
         ``write`` with others (settles: the response is already on its way)."""
-        pipelined = isinstance(self._client, PipelinedRedis)
         if not self._backoff.allow():
             raise QuotaBackingOff("Redis failed moments ago; backing off before the next try")
+        client = self._client
         try:
-            async with asyncio.timeout(self._deadline):
+            if isinstance(client, PipelinedRedis):
+                # bounded by the client's coarse deadline wheel, not a timer per call
+                deadline = self._deadline
                 try:
-                    if pipelined and not urgent:
-                        reply = await self._client.execute_command(
-                            "EVALSHA", script.sha, len(keys), *keys, *args, urgent=False
-                        )
-                    else:
-                        reply = await self._client.execute_command(
+                    reply = await client.execute_command(
+                        "EVALSHA", script.sha, len(keys), *keys, *args, urgent=urgent,
+                        timeout=deadline)
+                except NoScriptError:
+                    await client.execute_command("SCRIPT", "LOAD", script.source,
+                                                 timeout=deadline)
+                    reply = await client.execute_command(
+                        "EVALSHA", script.sha, len(keys), *keys, *args, timeout=deadline)
+            else:
+                async with asyncio.timeout(self._deadline):
+                    try:
+                        reply = await client.execute_command(
                             "EVALSHA", script.sha, len(keys), *keys, *args
                         )
-                except NoScriptError:
-                    await self._client.script_load(script.source)
-                    reply = await self._client.execute_command(
-                        "EVALSHA", script.sha, len(keys), *keys, *args
-                    )
+                    except NoScriptError:
+                        await client.script_load(script.source)
+                        reply = await client.execute_command(
+                            "EVALSHA", script.sha, len(keys), *keys, *args
+                        )
         except _OUTAGE_ERRORS as exc:
             await self._fail()
             raise map_redis_error(exc) from exc

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from gateway.upstream.deadlines import wheel
+from gateway.deadlines import wheel
 from gateway.upstream.errors import (
     UpstreamConnectError,
     UpstreamConnectTimeout,

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from redis.exceptions import AuthenticationError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.resp import PipelinedRedis, encode_command, supports_url
 from tests.quota.servers import RedisProc
@@ -114,5 +115,16 @@ async def test_non_urgent_commands_wait_briefly_to_share_a_write(redis_proc: Red
         assert replies == [str(i).encode() for i in range(50)]
         after = int(repr(client).split("writes=")[1].rstrip(">"))
         assert after - before <= 3  # one for the lone PING, one or two for the fifty
+    finally:
+        await client.aclose()
+
+
+async def test_timeout_raises_redis_timeout_and_keeps_the_order(redis_proc: RedisProc) -> None:
+    client = PipelinedRedis.from_url(redis_proc.url)
+    try:
+        await client.execute_command("SET", "resp-t", "b")
+        with pytest.raises(RedisTimeoutError):
+            await client.execute_command("BLPOP", "resp-empty-2", 0.3, timeout=0.05)
+        assert await client.execute_command("GET", "resp-t", timeout=1.0) == b"b"
     finally:
         await client.aclose()
