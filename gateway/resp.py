@@ -38,7 +38,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.deadlines import wheel
+from gateway.deadlines import DeadlineWheel, wheel
 
 __all__ = ["LAZY_FLUSH_S", "PipelinedRedis", "encode_command", "supports_url"]
 
@@ -173,6 +173,8 @@ class PipelinedRedis:
         self._connecting: asyncio.Future[_Protocol] | None = None
         self.commands = 0
         self.writes = 0
+        self._deadlines: DeadlineWheel | None = None  # of the loop that uses this client
+        self._deadlines_loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def from_url(cls, url: str, *, connect_timeout: float = 0.2) -> PipelinedRedis:
@@ -222,7 +224,10 @@ class PipelinedRedis:
                 proto.flush_later = loop.call_later(LAZY_FLUSH_S, proto.flush)
         if timeout is None:
             return await waiter
-        deadlines = wheel(loop)
+        deadlines = self._deadlines
+        if deadlines is None or self._deadlines_loop is not loop:
+            deadlines = self._deadlines = wheel(loop)
+            self._deadlines_loop = loop
         handle = deadlines.add(timeout, lambda: _expire(waiter, timeout))
         try:
             return await waiter
