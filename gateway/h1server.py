@@ -34,6 +34,8 @@ from urllib.parse import unquote
 
 import httptools
 
+from gateway.errors import error_body
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -70,10 +72,8 @@ def _status_line(status: int) -> bytes:
 
 def _error_response(status: int, message: str) -> bytes:
     """A complete OpenAI-shaped error response that closes the connection."""
-    body = (
-        b'{"error":{"message":"' + message.encode() + b'","type":"invalid_request_error",'
-        b'"param":null,"code":null}}'
-    )
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    body = error_body(message, kind, None, None)
     return (
         _status_line(status)
         + b"content-type: application/json\r\nconnection: close\r\ncontent-length: "
@@ -102,7 +102,6 @@ class _Exchange:
         "scope",
         "started",
         "status",
-        "task",
         "waiter",
     )
 
@@ -124,7 +123,6 @@ class _Exchange:
         self.chunked = False
         self.status = 0
         self.head_headers: Any = ()
-        self.task: asyncio.Task[None] | None = None
 
     def wake(self) -> None:
         waiter = self.waiter
@@ -140,6 +138,8 @@ class _Exchange:
         while True:
             if proto.lost or self.finished:
                 return _DISCONNECT
+            if proto.read_paused and proto.active is self:
+                proto.resume_reading()  # the app is reading: whatever was buffered is taken
             if self.body or (self.complete and not self.body_given):
                 parts = self.body
                 data = b"".join(parts) if len(parts) != 1 else parts[0]
@@ -147,14 +147,10 @@ class _Exchange:
                 self.buffered = 0
                 more = not self.complete
                 self.body_given = not more
-                if proto.read_paused:
-                    proto.resume_reading_for(self)
                 return {"type": "http.request", "body": data, "more_body": more}
             if self.continue_pending:
                 self.continue_pending = False
                 proto.transport.write(_CONTINUE)
-            if proto.read_paused:
-                proto.resume_reading_for(self)
             waiter = self.waiter = proto.loop.create_future()
             await waiter
 
@@ -338,7 +334,7 @@ class GatewayH1Protocol(asyncio.Protocol):
             if isinstance(cause, _HeadTooLarge):
                 self._fail(cause.status, cause.message)
             else:
-                self._fail(400, f"malformed HTTP request: {_clean(exc)}")
+                self._fail(400, f"malformed HTTP request: {str(exc)[:200]}")
 
     def _fail(self, status: int, message: str) -> None:
         """A request we cannot parse: answer it (unless a response is under way) and close."""
@@ -366,9 +362,9 @@ class GatewayH1Protocol(asyncio.Protocol):
             self._drain = self.loop.create_future()
         await self._drain
 
-    def resume_reading_for(self, ex: _Exchange) -> None:
-        """``ex`` took its buffered body: read on, unless a pipelined request is waiting."""
-        if self.read_paused and self.active is ex and not self._pipeline and not self.lost:
+    def resume_reading(self) -> None:
+        """Read on, unless a pipelined request is already waiting its turn."""
+        if self.read_paused and not self._pipeline and not self.lost:
             self.read_paused = False
             self.transport.resume_reading()
 
@@ -496,8 +492,8 @@ class GatewayH1Protocol(asyncio.Protocol):
 
     def _start(self, ex: _Exchange) -> None:
         self.active = ex
-        task = ex.task = self.loop.create_task(self._run(ex))
-        # uvicorn cancels these when the graceful drain times out
+        # kept referenced by uvicorn's task set, which it cancels when the drain times out
+        task = self.loop.create_task(self._run(ex))
         tasks = self.server_state.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -540,9 +536,7 @@ class GatewayH1Protocol(asyncio.Protocol):
             # close, so the client reads the answer instead of a reset while still sending
             self._discarding = ex
             self._pipeline.clear()
-            if self.read_paused:
-                self.read_paused = False
-                self.transport.resume_reading()
+            self.resume_reading()
             return
         if not ex.keep_alive:
             self._close()
@@ -550,9 +544,7 @@ class GatewayH1Protocol(asyncio.Protocol):
         self.last_io = self.loop.time()
         if self._pipeline:
             self._start(self._pipeline.popleft())
-        if self.read_paused and not self._pipeline:
-            self.read_paused = False
-            self.transport.resume_reading()
+        self.resume_reading()
 
 
 class _HeadTooLarge(Exception):
@@ -561,7 +553,3 @@ class _HeadTooLarge(Exception):
         self.status = status
         self.message = message
 
-
-def _clean(exc: Exception) -> str:
-    """A parser error message fit for a JSON string."""
-    return "".join(c for c in str(exc) if c.isprintable() and c not in '"\\')[:200]

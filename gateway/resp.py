@@ -38,9 +38,10 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.deadlines import DeadlineWheel, wheel
+from gateway.deadlines import wheel
 
-__all__ = ["LAZY_FLUSH_S", "PipelinedRedis", "encode_command", "supports_url"]
+__all__ = ["LAZY_FLUSH_S", "PipelinedRedis", "encode_command", "pipelined_client",
+           "supports_url"]
 
 #: how long a non-urgent command may wait for others to share its write
 LAZY_FLUSH_S = 0.001
@@ -58,6 +59,15 @@ _ERRORS: tuple[tuple[str, type[ResponseError] | type[RedisConnectionError]], ...
 def supports_url(url: str) -> bool:
     """True for a plain ``redis://`` URL, the only kind this client speaks."""
     return urlparse(url).scheme == "redis"
+
+
+def pipelined_client(url: str, *, cluster: bool, pipelined: bool,
+                     connect_timeout: float) -> PipelinedRedis | None:
+    """The lean client for ``url`` when asked for and able (one node, ``redis://``), else
+    None (the caller uses redis-py)."""
+    if pipelined and not cluster and supports_url(url):
+        return PipelinedRedis.from_url(url, connect_timeout=connect_timeout)
+    return None
 
 
 def encode_command(args: tuple[Any, ...]) -> bytes:
@@ -96,11 +106,14 @@ def _error(reply: hiredis.ReplyError) -> Exception:
 
 
 class _Protocol(asyncio.Protocol):
-    __slots__ = ("client", "flush_later", "flush_scheduled", "pending", "reader", "transport",
-                 "waiters", "writes")
+    __slots__ = ("client", "deadlines", "flush_later", "flush_scheduled", "loop", "pending",
+                 "reader", "transport", "waiters", "writes")
 
-    def __init__(self, client: PipelinedRedis) -> None:
+    def __init__(self, client: PipelinedRedis, loop: asyncio.AbstractEventLoop) -> None:
         self.client = client
+        self.loop = loop
+        #: the connection's loop's coarse deadlines (call timeouts without a timer each)
+        self.deadlines = wheel(loop)
         self.reader = hiredis.Reader()
         self.transport: asyncio.Transport | None = None
         #: one per command sent or pending, in order: replies are matched to them
@@ -109,6 +122,20 @@ class _Protocol(asyncio.Protocol):
         self.flush_scheduled = False
         self.flush_later: asyncio.TimerHandle | None = None
         self.writes = 0
+
+    def queue(self, command: bytes, urgent: bool) -> asyncio.Future[Any]:
+        """Queue an encoded command; the future gets its reply. The write happens at the end
+        of this loop iteration (``urgent``) or within :data:`LAZY_FLUSH_S`."""
+        waiter: asyncio.Future[Any] = self.loop.create_future()
+        self.waiters.append(waiter)
+        self.pending.append(command)
+        if not self.flush_scheduled:
+            if urgent:
+                self.flush_scheduled = True
+                self.loop.call_soon(self.flush)
+            elif self.flush_later is None:
+                self.flush_later = self.loop.call_later(LAZY_FLUSH_S, self.flush)
+        return waiter
 
     def flush(self) -> None:
         """Write what this loop iteration queued, in one ``write``."""
@@ -173,8 +200,6 @@ class PipelinedRedis:
         self._connecting: asyncio.Future[_Protocol] | None = None
         self.commands = 0
         self.writes = 0
-        self._deadlines: DeadlineWheel | None = None  # of the loop that uses this client
-        self._deadlines_loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def from_url(cls, url: str, *, connect_timeout: float = 0.2) -> PipelinedRedis:
@@ -211,23 +236,11 @@ class PipelinedRedis:
         proto = self._proto
         if proto is None:
             proto = await self._connect()
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[Any] = loop.create_future()
-        proto.waiters.append(waiter)
-        proto.pending.append(encode_command(args))
+        waiter = proto.queue(encode_command(args), urgent)
         self.commands += 1
-        if not proto.flush_scheduled:
-            if urgent:
-                proto.flush_scheduled = True
-                loop.call_soon(proto.flush)
-            elif proto.flush_later is None:
-                proto.flush_later = loop.call_later(LAZY_FLUSH_S, proto.flush)
         if timeout is None:
             return await waiter
-        deadlines = self._deadlines
-        if deadlines is None or self._deadlines_loop is not loop:
-            deadlines = self._deadlines = wheel(loop)
-            self._deadlines_loop = loop
+        deadlines = proto.deadlines
         handle = deadlines.add(timeout, lambda: _expire(waiter, timeout))
         try:
             return await waiter
@@ -241,14 +254,8 @@ class PipelinedRedis:
         proto = self._proto
         if proto is None:
             proto = await self._connect()
-        loop = asyncio.get_running_loop()
-        waiters: list[asyncio.Future[Any]] = [loop.create_future() for _ in commands]
-        proto.waiters.extend(waiters)
-        proto.pending.extend(encode_command(c) for c in commands)
+        waiters = [proto.queue(encode_command(c), True) for c in commands]
         self.commands += len(commands)
-        if not proto.flush_scheduled:
-            proto.flush_scheduled = True
-            loop.call_soon(proto.flush)
         results: list[Any] = []
         for waiter in waiters:
             try:
@@ -305,7 +312,7 @@ class PipelinedRedis:
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, proto = await loop.create_connection(
-                    lambda: _Protocol(self), self.host, self.port
+                    lambda: _Protocol(self, loop), self.host, self.port
                 )
         except TimeoutError as exc:
             raise RedisTimeoutError(f"connecting to Redis at {self.host}:{self.port} timed out"
@@ -320,10 +327,7 @@ class PipelinedRedis:
         if self.db:
             hello.append(("SELECT", self.db))
         if hello:
-            waiters = [loop.create_future() for _ in hello]
-            proto.waiters.extend(waiters)
-            assert proto.transport is not None
-            proto.transport.write(b"".join(encode_command(c) for c in hello))
+            waiters = [proto.queue(encode_command(c), True) for c in hello]
             try:
                 remaining = max(0.01, self.connect_timeout - (time.monotonic() - started))
                 async with asyncio.timeout(remaining):

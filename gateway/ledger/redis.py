@@ -57,7 +57,7 @@ from gateway.ledger.keys import (
 from gateway.ledger.record import decode_record, encode_record
 from gateway.ledger.scripts import STORE_RECORD
 from gateway.ledger.spool import Spool
-from gateway.resp import PipelinedRedis, supports_url
+from gateway.resp import PipelinedRedis, pipelined_client
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
@@ -173,9 +173,9 @@ class RedisLedger(Ledger):
             client = RedisCluster.from_url(url, **options)
         else:
             client = Redis.from_url(url, health_check_interval=0, **options)
-        if pipelined and not cluster and supports_url(url):
-            kwargs.setdefault("writer", PipelinedRedis.from_url(
-                url, connect_timeout=min(connect_timeout, timeout)))
+        kwargs.setdefault("writer", pipelined_client(
+            url, cluster=cluster, pipelined=pipelined,
+            connect_timeout=min(connect_timeout, timeout)))
         return cls(client, spool_dir=spool_dir, deadline=timeout, owns_client=True, **kwargs)
 
     def __repr__(self) -> str:
@@ -264,19 +264,17 @@ class RedisLedger(Ledger):
         return new
 
     async def _pipeline(self, chunk: list[UsageRecord]) -> list[Any]:
-        tenants = {record.tenant for record in chunk}
+        commands: list[tuple[Any, ...]] = [
+            ("EVALSHA", self._sha, 4, *self._script_args(record)) for record in chunk
+        ]
+        commands.append(("SADD", TENANTS_KEY, *{record.tenant for record in chunk}))
         results: list[Any]
         if self._writer is not None:
-            commands: list[tuple[Any, ...]] = [
-                ("EVALSHA", self._sha, 4, *self._script_args(record)) for record in chunk
-            ]
-            commands.append(("SADD", TENANTS_KEY, *tenants))
             results = await self._writer.execute_many(commands)
         else:
             pipe = self._client.pipeline(transaction=False)
-            for record in chunk:
-                pipe.execute_command("EVALSHA", self._sha, 4, *self._script_args(record))
-            pipe.execute_command("SADD", TENANTS_KEY, *tenants)
+            for command in commands:
+                pipe.execute_command(*command)
             results = await pipe.execute(raise_on_error=False)
         sadd = results.pop()
         if isinstance(sadd, BaseException) and _is_outage(sadd):

@@ -31,15 +31,11 @@ from typing import TYPE_CHECKING
 from gateway.ledger.record import UsageRecord, decode_records, encode_lines
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterator
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "Claim", "Spool"]
 
 DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
-
-
-def _encode_lines(records: Iterable[UsageRecord]) -> bytes:
-    return encode_lines(records)
 
 
 class Claim:
@@ -107,7 +103,7 @@ class Spool:
 
     def append_sync(self, records: list[UsageRecord]) -> None:
         """The blocking form, for shutdown paths that have no event loop to spare."""
-        data = _encode_lines(records)
+        data = encode_lines(records)
         with self._lock:
             if self._fd >= 0 and self._size and self._size + len(data) > self._max:
                 self._seal()
@@ -123,7 +119,7 @@ class Spool:
         """Keep records a store refused (not replayed); returns the file written."""
         path = self.directory / f"dead-{time.time_ns()}-{os.getpid()}.jsonl"
         with path.open("ab") as f:
-            f.write(_encode_lines(records))
+            f.write(encode_lines(records))
             f.flush()
             os.fsync(f.fileno())
         return path

@@ -51,7 +51,7 @@ from gateway.quota.keys import record_key, scope_key
 from gateway.quota.limits import LIMIT_NAMES
 from gateway.quota.memory import RECORD_TTL
 from gateway.quota.scripts import RENEW, RESERVE, SETTLE, USAGE
-from gateway.resp import PipelinedRedis, supports_url
+from gateway.resp import PipelinedRedis, pipelined_client
 
 if TYPE_CHECKING:
     from gateway.quota.base import QuotaRequest
@@ -192,13 +192,12 @@ class RedisQuotaStore(QuotaStore):
             "retry": Retry(NoBackoff(), 0),
             "max_connections": max_connections,
         }
-        client: RedisClient
-        if pipelined and not cluster and supports_url(url):
-            client = PipelinedRedis.from_url(url, connect_timeout=min(connect_timeout, timeout))
-        elif cluster:
-            client = RedisCluster.from_url(url, **options)
-        else:
-            client = Redis.from_url(url, health_check_interval=0, **options)
+        client: RedisClient | None = pipelined_client(
+            url, cluster=cluster, pipelined=pipelined,
+            connect_timeout=min(connect_timeout, timeout))
+        if client is None:
+            client = (RedisCluster.from_url(url, **options) if cluster
+                      else Redis.from_url(url, health_check_interval=0, **options))
         kwargs.setdefault("deadline", timeout)
         return cls(client, owns_client=True, **kwargs)
 
@@ -319,30 +318,23 @@ class RedisQuotaStore(QuotaStore):
         if not self._backoff.allow():
             raise QuotaBackingOff("Redis failed moments ago; backing off before the next try")
         client = self._client
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        # the pipelined client bounds each call on its coarse deadline wheel; redis-py calls
+        # are bounded here, by one timeout around the call
+        lean = isinstance(client, PipelinedRedis)
+        again: dict[str, Any] = {"timeout": self._deadline} if lean else {}
+        first = {**again, "urgent": urgent} if lean else {}
+        bound = contextlib.nullcontext() if lean else asyncio.timeout(self._deadline)
         try:
-            if isinstance(client, PipelinedRedis):
-                # bounded by the client's coarse deadline wheel, not a timer per call
-                deadline = self._deadline
+            async with bound:
                 try:
-                    reply = await client.execute_command(
-                        "EVALSHA", script.sha, len(keys), *keys, *args, urgent=urgent,
-                        timeout=deadline)
-                except NoScriptError:
-                    await client.execute_command("SCRIPT", "LOAD", script.source,
-                                                 timeout=deadline)
-                    reply = await client.execute_command(
-                        "EVALSHA", script.sha, len(keys), *keys, *args, timeout=deadline)
-            else:
-                async with asyncio.timeout(self._deadline):
-                    try:
-                        reply = await client.execute_command(
-                            "EVALSHA", script.sha, len(keys), *keys, *args
-                        )
-                    except NoScriptError:
+                    reply = await client.execute_command(*command, **first)
+                except NoScriptError:  # Redis restarted: load (on every Cluster primary), retry
+                    if lean:
+                        await client.execute_command("SCRIPT", "LOAD", script.source, **again)
+                    else:
                         await client.script_load(script.source)
-                        reply = await client.execute_command(
-                            "EVALSHA", script.sha, len(keys), *keys, *args
-                        )
+                    reply = await client.execute_command(*command, **again)
         except _OUTAGE_ERRORS as exc:
             await self._fail()
             raise map_redis_error(exc) from exc
