@@ -3,7 +3,9 @@
 Off by default (``OTEL_TRACES_EXPORTER`` unset or ``none``): :meth:`RequestTracing.start` then
 returns the shared :data:`~gateway.telemetry.spans.NOOP_SPAN` and the OpenTelemetry SDK is never
 imported. On (``OTEL_TRACES_EXPORTER=otlp``), spans go to an OTLP http/protobuf endpoint through
-a ``BatchSpanProcessor`` (a background thread; the request path only queues the span).
+a ``BatchSpanProcessor`` (a background thread; the request path only queues the span) and
+:class:`~gateway.telemetry.otlp.OTLPExporter` (the SDK's exporter with a lean encoder). Spans are
+recorded by :mod:`gateway.telemetry.recording` without the SDK's live ``Span`` (see there why).
 
 The sampling decision is made once, in :meth:`RequestTracing.start`, before any SDK call, so an
 unsampled request costs one header scan and one random draw:
@@ -36,8 +38,9 @@ from gateway.telemetry.spans import NOOP_SPAN
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace import SpanProcessor
 
+    from gateway.telemetry.recording import SpanSink
     from gateway.telemetry.spans import RequestSpan
     from gateway.telemetry.types import ContextView
     from gateway.types import RawHeaders
@@ -139,7 +142,7 @@ class RequestTracing:
     """Starts one span per request; shared by all requests of a worker.
 
     ``processor`` replaces the OTLP batch exporter (tests pass a ``SimpleSpanProcessor`` over an
-    ``InMemorySpanExporter``). The provider is private to this object, never the global one.
+    ``InMemorySpanExporter``). No global OpenTelemetry state is touched.
     """
 
     def __init__(self, settings: TracingSettings, *, processor: SpanProcessor | None = None
@@ -147,11 +150,12 @@ class RequestTracing:
         self.settings = settings
         self._ratio = settings.ratio
         self._parent_based = settings.parent_based
-        self._provider: TracerProvider | None = None
+        self._processor: SpanProcessor | None = None
         if settings.enabled:
-            self._provider = _make_provider(settings, processor)
-            self._tracer = self._provider.get_tracer("gateway")
             from gateway.telemetry.recording import start_request_span
+
+            self._sink = _make_sink(settings, processor)
+            self._processor = self._sink.processor
             self._start_span = start_request_span
         else:
             self.start = self._start_off  # type: ignore[method-assign]
@@ -182,7 +186,7 @@ class RequestTracing:
         elif self._ratio < 1.0 and random.random() >= self._ratio:
             return NOOP_SPAN
         return self._start_span(
-            self._tracer, ctx, operation or OPERATIONS.get(ctx.endpoint, ctx.endpoint),
+            self._sink, ctx, operation or OPERATIONS.get(ctx.endpoint, ctx.endpoint),
             self.settings.provider, parent, raw_state, headers,
             time.time_ns() - (time.perf_counter_ns() - ctx.started_ns),
         )
@@ -193,33 +197,32 @@ class RequestTracing:
 
     def force_flush(self, timeout_ms: int = 5000) -> bool:
         """Export queued spans now (tests, and before a worker exits)."""
-        return self._provider.force_flush(timeout_ms) if self._provider is not None else True
+        return self._processor.force_flush(timeout_ms) if self._processor is not None else True
 
     def shutdown(self) -> None:
         """Flush and stop the exporter thread; call from the lifespan's shutdown."""
-        if self._provider is not None:
-            self._provider.shutdown()
+        if self._processor is not None:
+            self._processor.shutdown()
 
 
-def _make_provider(settings: TracingSettings, processor: SpanProcessor | None) -> TracerProvider:
+def _make_sink(settings: TracingSettings, processor: SpanProcessor | None) -> SpanSink:
+    """The processor (OTLP batch export unless given), resource and scope of every span."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import (
         BatchSpanProcessor,
         ConsoleSpanExporter,
         SimpleSpanProcessor,
     )
-    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    # sampling is decided before the SDK is called: the SDK records whatever it is given
-    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: settings.service_name}),
-                              sampler=ALWAYS_ON)
+    from gateway.telemetry.recording import SpanSink
+
     if processor is None:
         if settings.console:
             processor = SimpleSpanProcessor(ConsoleSpanExporter())
         else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from gateway.telemetry.otlp import OTLPExporter
 
-            processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.endpoint))
-    provider.add_span_processor(processor)
-    return provider
+            processor = BatchSpanProcessor(OTLPExporter(endpoint=settings.endpoint))
+    return SpanSink(processor, Resource.create({SERVICE_NAME: settings.service_name}),
+                    InstrumentationScope("gateway"))

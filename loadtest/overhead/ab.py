@@ -11,8 +11,11 @@ Why a tool of its own: on this shared 2-core machine the speed of a core drifts 
 over a minute (the same set-up measured 9,184 and 5,182 requests/s three minutes apart), far
 more than the effects worth measuring (telemetry on vs off, quotas on vs off). Separate runs per
 side cannot tell them apart; windows of a few seconds on two live processes, alternated, see the
-same machine. Reported: the ratio of the summed requests (B/A) over all windows, the median of
-the per-pair ratios and their spread. Prints a table and writes JSON (``--out``).
+same machine. Both gateways get ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at the fixture
+backend's OTLP sink (``/v1/traces``, answered 200) unless their set-up names one, so
+``--b OTEL_TRACES_EXPORTER=otlp`` exports spans to a live collector. Reported: the ratio of
+the summed requests (B/A) over all windows, the median of the per-pair ratios and their
+spread. Prints a table and writes JSON (``--out``).
 """
 
 from __future__ import annotations
@@ -124,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
         script = workdir / "non-stream.lua"
         script.write_text(wrk.lua_script(payloads.request_body(stream=False), headers))
+        for env in sides.values():  # a live OTLP sink unless a side names another endpoint
+            env.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://{HOST}:{ports.json}")
         names = list(sides)
         live = {name: _start(args, procs, workdir, sides[name], ports.for_mode(False), api_key,
                              name) for name in names}

@@ -72,7 +72,10 @@ def _http_common(workdir: Path, name: str) -> str:
 
 
 def backend_config(workdir: Path, ports: PortPair, cpus: str | None) -> str:
-    """The fixture backend: fixed chat.completion on ``ports.json``, fixed SSE on ``ports.sse``."""
+    """The fixture backend: fixed chat.completion on ``ports.json``, fixed SSE on ``ports.sse``.
+
+    Both also accept OTLP/HTTP span exports at ``/v1/traces`` (answered 200, body discarded), so
+    a gateway with tracing on exports to a live collector, as in production."""
     completion = workdir / "completion.json"
     stream = workdir / "stream.sse"
     completion.write_text(payloads.completion_body())
@@ -86,6 +89,11 @@ def backend_config(workdir: Path, ports: PortPair, cpus: str | None) -> str:
             default_type {ctype};
             alias {path};
             error_page 405 =200 $uri;
+        }}
+        location = /v1/traces {{
+            # an OTLP/HTTP sink: accepts span batches (an empty ExportTraceServiceResponse)
+            default_type application/x-protobuf;
+            return 200;
         }}
         location / {{
             default_type application/json;
