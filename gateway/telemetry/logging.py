@@ -61,7 +61,8 @@ class _AccessLine(msgspec.Struct, omit_defaults=True, gc=False, rename={"cls": "
     time, and this runs once per request. Fields without a default are always written (as
     ``null`` when unknown); the rest only when set."""
 
-    timestamp: str
+    #: the wall clock in ns when captured; the ISO 8601 string once rendered
+    timestamp: str | int
     level: str
     event: str
     request_id: str
@@ -95,6 +96,8 @@ class _AccessLine(msgspec.Struct, omit_defaults=True, gc=False, rename={"cls": "
 
 
 _encode_lines = msgspec.json.Encoder().encode_lines
+_MILLIS = tuple(f".{i:03d}" for i in range(1000))
+_MICROS_Z = tuple(f"{i:03d}Z" for i in range(1000))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,7 +269,6 @@ class AccessLog:
         self._prefix = ""
         self._on = settings.access
         self._rows: list[_AccessLine] = []
-        self._stamps: list[int] = []  # each line's wall clock, formatted when rendered
         self._timer: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
@@ -280,11 +282,13 @@ class AccessLog:
         self.writer.close()
 
     def _timestamp(self, ns: int) -> str:
-        second = ns // 1_000_000_000
+        micros = ns // 1000
+        second = micros // 1_000_000
         if second != self._second:  # format the date once a second, not once a line
             self._second = second
             self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        return f"{self._prefix}.{(ns // 1000) % 1_000_000:06d}Z"
+        # the fraction from two 1,000-entry tables: a third of the cost of formatting it
+        return self._prefix + _MILLIS[micros // 1000 % 1000] + _MICROS_Z[micros % 1000]
 
     def __call__(self, ctx: ContextView, usage: UsageView | None = None, *,
                  tenant: str | None = None, span: RequestSpan | None = None,
@@ -322,7 +326,7 @@ class AccessLog:
             cost = None if usage.cost is None else usage.cost.total
         # positional, in field order: a third of the cost of keywords (it runs per request)
         line = _AccessLine(
-            "", "info" if ok else "warning", "access", ctx.request_id, tenant, ctx.key_id,
+            time.time_ns(), "info" if ok else "warning", "access", ctx.request_id, tenant, ctx.key_id,
             ctx.endpoint, ctx.request_model, ctx.upstream_model, ctx.request_class, ctx.pool,
             ctx.backend, ctx.stream, status, outcome, ctx.attempts,
             None if first is None else (first - started) // 1000 / 1000,
@@ -332,7 +336,6 @@ class AccessLog:
         )
         rows = self._rows
         rows.append(line)
-        self._stamps.append(time.time_ns())
         if len(rows) == 1:
             try:
                 loop = asyncio.get_running_loop()
@@ -348,11 +351,11 @@ class AccessLog:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        rows, stamps = self._rows, self._stamps
+        rows = self._rows
         if not rows:
             return
-        self._rows, self._stamps = [], []
+        self._rows = []
         stamp = self._timestamp
-        for line, ns in zip(rows, stamps, strict=True):
-            line.timestamp = stamp(ns)
+        for line in rows:
+            line.timestamp = stamp(line.timestamp)  # type: ignore[arg-type]
         self._write(_encode_lines(rows), len(rows))

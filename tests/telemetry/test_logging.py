@@ -151,3 +151,25 @@ def test_reads_tenant_usage_quota_from_the_context(out: io.BytesIO) -> None:
     make(out)(ctx)
     (line,) = lines(out)
     assert (line["tenant"], line["tokens_out"], line["quota"]) == ("acme", 31, "admitted")
+
+
+@pytest.mark.parametrize("ns", [0, 999, 1_000, 1_764_500_000_123_456_789, 1_764_500_059_999_999_999,
+                                1_764_500_060_000_001_000])
+def test_access_timestamp_is_iso_utc_to_the_microsecond(ns: int) -> None:
+    import datetime as dt
+
+    access = AccessLog(LogSettings(buffered=False), _NullWriter(), _NoRedact())  # type: ignore[arg-type]
+    whole = dt.datetime.fromtimestamp(ns // 10**9, dt.UTC)
+    expected = whole.strftime("%Y-%m-%dT%H:%M:%S") + f".{ns // 1000 % 10**6:06d}Z"
+    assert access._timestamp(ns) == expected
+    assert access._timestamp(ns) == expected  # the cached second gives the same
+
+
+class _NullWriter:
+    def write(self, data: bytes, lines: int = 1) -> None:
+        pass
+
+
+class _NoRedact:
+    def text(self, value: str) -> str:
+        return value
