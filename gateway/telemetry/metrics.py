@@ -114,8 +114,9 @@ class _Bound:
     """One label set's children, and what was counted for it since the last flush.
 
     Per request the hot path adds to plain ints and keeps the request's usage for the flush to
-    add up (~1.5 µs for all of a request's metrics); :meth:`flush` moves the sums into prometheus_client (~0.3-0.8 µs per value, paid
-    once per label set per flush instead of per request).
+    add up (~1.5 µs for all of a request's metrics); :meth:`flush` moves the sums into
+    prometheus_client (~0.3-0.8 µs per value, paid once per label set per flush instead of per
+    request).
     """
 
     __slots__ = ("duration", "failover_child", "failovers", "request_child", "requests",
