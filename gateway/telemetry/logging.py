@@ -327,8 +327,8 @@ class AccessLog:
         # positional, in field order: a third of the cost of keywords (it runs per request)
         line = _AccessLine(
             time.time_ns(), "info" if ok else "warning", "access", ctx.request_id, tenant,
-            ctx.key_id, ctx.endpoint, ctx.request_model, ctx.upstream_model, ctx.request_class, ctx.pool,
-            ctx.backend, ctx.stream, status, outcome, ctx.attempts,
+            ctx.key_id, ctx.endpoint, ctx.request_model, ctx.upstream_model, ctx.request_class,
+            ctx.pool, ctx.backend, ctx.stream, status, outcome, ctx.attempts,
             None if first is None else (first - started) // 1000 / 1000,
             None if finished is None else (finished - started) // 1000 / 1000,
             ctx.failovers, trace_id, span_id, quota, t_in, t_out, t_system, t_history, t_new,
