@@ -35,12 +35,17 @@ from gateway.upstream.base import make_upstream
 from gateway.upstream.monitors import Monitors
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     from gateway.config import ApiKey, Model, Plan, Policy, Store, Tenant
     from gateway.quota import Scope
 
 __all__ = ["Gateway", "Runtime"]
 
 _log = logging.getLogger("gateway.runtime")
+#: how long shutdown waits for quota settles still running (each is bounded by the store's own
+#: Redis timeout; this is the backstop)
+SETTLE_DRAIN_S = 5.0
 
 
 def _without_none(value: Any) -> Any:
@@ -156,6 +161,7 @@ class Gateway:
         self.draining = False
         self.reloads = 0
         self.shadow_tasks: set[asyncio.Task[Any]] = set()  # background tasks kept referenced
+        self.settles: set[asyncio.Task[None]] = set()  # quota settles still running
         self.shadow_stats = ShadowStats()
         self._monitors: Monitors | None = None
         self._reload_lock = asyncio.Lock()
@@ -206,6 +212,18 @@ class Gateway:
                 seen = mtime
                 await reload_logged(self, "file change")
 
+    def settle_later(self, settle: Coroutine[Any, Any, None]) -> None:
+        """Run a request's quota settle without the request waiting for it.
+
+        The response is complete by then; the settle only returns unused tokens to the
+        tenant's windows. Awaiting it under ``asyncio.shield`` (so a cancelled request still
+        settles) cost an extra future, two callbacks and a suspension per request; here the
+        task is kept referenced until done and :meth:`close` waits for those still running.
+        """
+        task = asyncio.get_running_loop().create_task(settle)
+        self.settles.add(task)
+        task.add_done_callback(self.settles.discard)
+
     async def close(self) -> None:
         if self.batch_runner is not None:  # batch jobs (issue 9): lines in flight finish and
             await self.batch_runner.stop()  # are recorded while upstream and ledger are open
@@ -213,6 +231,8 @@ class Gateway:
             await self._monitors.stop()
         for task in list(self.shadow_tasks):
             task.cancel()
+        if self.settles:  # every admitted request's settle reaches the store before it closes
+            await asyncio.wait(set(self.settles), timeout=SETTLE_DRAIN_S)
         await self.upstream.close()
         if self.keystore is not None:
             await self.keystore.aclose()

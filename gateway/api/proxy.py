@@ -308,7 +308,9 @@ class ProxyHandler:
                 usage = ctx.usage
                 tokens = None if usage is None else usage.prompt_total + usage.output
                 spent = usage.cost.total if usage is not None and usage.cost is not None else 0
-                await asyncio.shield(admission.settle(tokens, spent))
+                # the response is complete: settle in the background (it survives a
+                # cancelled request; shutdown waits for it)
+                self.gateway.settle_later(admission.settle(tokens, spent))
 
     async def _admit(
         self,
