@@ -127,13 +127,18 @@ class _Protocol(asyncio.Protocol):
         """Queue an encoded command; the future gets its reply. The write happens at the end
         of this loop iteration (``urgent``) or within :data:`LAZY_FLUSH_S`."""
         waiter: asyncio.Future[Any] = self.loop.create_future()
-        self.waiters.append(waiter)
+        waiters = self.waiters
+        waiters.append(waiter)
         self.pending.append(command)
         if not self.flush_scheduled:
-            if urgent:
+            if urgent and len(waiters) == len(self.pending):
+                # nothing on the wire: write at the end of this loop iteration
                 self.flush_scheduled = True
                 self.loop.call_soon(self.flush)
             elif self.flush_later is None:
+                # replies outstanding (or not urgent): the command goes out when they are all
+                # in, with the others queued meanwhile, so under load commands share writes
+                # (one batch on the wire at a time); the timer bounds the wait
                 self.flush_later = self.loop.call_later(LAZY_FLUSH_S, self.flush)
         return waiter
 
@@ -169,6 +174,11 @@ class _Protocol(asyncio.Protocol):
                 waiter.set_exception(_error(reply))
             else:
                 waiter.set_result(reply)
+        if self.pending and not self.flush_scheduled and len(waiters) == len(self.pending):
+            # the wire is clear: write the commands that waited for it, with any the woken
+            # callers add in this loop iteration
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.client._lost(self)
