@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -257,14 +258,16 @@ class PipelinedRedis:
         finally:
             deadlines.cancel(handle)
 
-    async def execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+    async def execute_many(self, commands: Sequence[tuple[Any, ...] | bytes]) -> list[Any]:
         """Several commands in one write (a pipeline, not a transaction); each reply in
         order, an error reply as its exception object rather than raised (redis-py's
-        ``pipeline.execute(raise_on_error=False)``)."""
+        ``pipeline.execute(raise_on_error=False)``). A command may come encoded already
+        (``bytes``, as :func:`encode_command` makes them)."""
         proto = self._proto
         if proto is None:
             proto = await self._connect()
-        waiters = [proto.queue(encode_command(c), True) for c in commands]
+        waiters = [proto.queue(c if isinstance(c, bytes) else encode_command(c), True)
+                   for c in commands]
         self.commands += len(commands)
         results: list[Any] = []
         for waiter in waiters:
