@@ -32,7 +32,7 @@ _records = st.builds(
 @given(records=st.lists(_records, min_size=1, max_size=6))
 def test_encoded_equals_generic_encoding(tmp_path_factory: object, records: list[UsageRecord]
                                          ) -> None:
-    spool = Path(getattr(tmp_path_factory, "mktemp")("spool"))
+    spool = Path(tmp_path_factory.mktemp("spool"))
     ledger = RedisLedger(Redis.from_url("redis://127.0.0.1:9"), spool_dir=spool)
     for record in records * 2:  # the second pass reads the cached parts
         generic = encode_command(("EVALSHA", ledger._sha, 4, *ledger._script_args(record)))
