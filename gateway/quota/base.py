@@ -25,6 +25,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import msgspec
+
 from gateway.quota.errors import InvalidQuotaRequest
 from gateway.quota.keys import tenant_tag
 
@@ -53,9 +55,12 @@ DEFAULT_LEASE_TTL = 30.0
 Origin = Literal["redis", "memory"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class QuotaRequest:
+class QuotaRequest(msgspec.Struct, frozen=True, kw_only=True):
     """What ``reserve`` needs to know about one request.
+
+    This, :class:`Reservation` and :class:`Decision` are frozen msgspec structs rather than
+    frozen dataclasses: each request builds all three, and a frozen dataclass's ``__init__``
+    (one ``object.__setattr__`` per field) cost ~6 µs for the three, a struct's a tenth of it.
 
     ``estimated_tokens`` is the caller's upper bound (counted input + ``max_tokens``); settle
     corrects it. ``key_id`` and ``model`` are for logs; the limits that apply are in ``scopes``.
@@ -83,8 +88,7 @@ class QuotaRequest:
             raise InvalidQuotaRequest("scope names of one request must be distinct")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Reservation:
+class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     """Proof of admission: pass it to ``renew``, then to ``settle`` or ``cancel`` exactly once.
 
     ``origin`` says which store holds the counters, so a failover store settles a reservation
@@ -106,8 +110,7 @@ class Reservation:
         return self.lease_ttl / 3.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """The answer to ``reserve``: a reservation, or the limit that refused and when to retry.
 
     On refusal ``scope``/``limit`` name the binding limit (the one that frees up last, so a
