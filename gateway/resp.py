@@ -244,10 +244,17 @@ class PipelinedRedis:
         that many seconds (a coarse deadline wheel, not a timer per call); the reply's place
         in the stream is kept, so later replies still reach their callers.
         """
+        return await self.execute_encoded(encode_command(args), urgent=urgent, timeout=timeout)
+
+    async def execute_encoded(self, command: bytes, *, urgent: bool = True,
+                              timeout: float | None = None) -> Any:
+        """:meth:`execute_command` for a command already in RESP (as :func:`encode_command`
+        writes it): callers that send the same keys and limits on every request keep those
+        parts encoded."""
         proto = self._proto
         if proto is None:
             proto = await self._connect()
-        waiter = proto.queue(encode_command(args), urgent)
+        waiter = proto.queue(command, urgent)
         self.commands += 1
         if timeout is None:
             return await waiter
