@@ -51,7 +51,7 @@ from gateway.quota.keys import record_key, scope_key, tenant_tag
 from gateway.quota.limits import LIMIT_NAMES
 from gateway.quota.memory import RECORD_TTL
 from gateway.quota.scripts import RENEW, RESERVE, SETTLE, USAGE
-from gateway.resp import PipelinedRedis, pipelined_client
+from gateway.resp import PipelinedRedis, encode_command, pipelined_client
 
 if TYPE_CHECKING:
     from gateway.quota.base import QuotaRequest
@@ -390,39 +390,27 @@ class RedisQuotaStore(QuotaStore):
 
         ``urgent=False`` lets the pipelined client hold the command up to ~1 ms so it shares a
         ``write`` with others (settles: the response is already on its way)."""
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        if self._lean:
+            return await self._run_lean(script, encode_command(command), urgent)
         if not self._backoff.allow():
             raise QuotaBackingOff("Redis failed moments ago; backing off before the next try")
         client = self._client
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        # the pipelined client bounds each call on its coarse deadline wheel; redis-py calls
-        # are bounded here, by one timeout around the call
-        lean = isinstance(client, PipelinedRedis)
-        again: dict[str, Any] = {"timeout": self._deadline} if lean else {}
-        first = {**again, "urgent": urgent} if lean else {}
-        bound = contextlib.nullcontext() if lean else asyncio.timeout(self._deadline)
         try:
-            async with bound:
+            async with asyncio.timeout(self._deadline):  # redis-py: one bound around the call
                 try:
-                    reply = await client.execute_command(*command, **first)
+                    reply = await client.execute_command(*command)
                 except NoScriptError:  # Redis restarted: load (on every Cluster primary), retry
-                    if lean:
-                        await client.execute_command("SCRIPT", "LOAD", script.source, **again)
-                    else:
-                        await client.script_load(script.source)
-                    reply = await client.execute_command(*command, **again)
-        except _OUTAGE_ERRORS as exc:
-            await self._fail()
-            raise map_redis_error(exc) from exc
-        except ResponseError as exc:  # a script error: a bug, not an outage; no back-off
-            raise map_redis_error(exc) from exc
-        except RedisError as exc:
-            await self._fail()
-            raise map_redis_error(exc) from exc
+                    await client.script_load(script.source)
+                    reply = await client.execute_command(*command)
+        except (*_OUTAGE_ERRORS, RedisError) as exc:
+            raise await self._translated(exc) from exc
         self._backoff.success()
         return reply
 
     async def _run_lean(self, script: _Script, command: bytes, urgent: bool) -> Any:
-        """:meth:`_run` on the pipelined client, for a command already encoded."""
+        """:meth:`_run` on the pipelined client, for a command already encoded; the client
+        bounds each call on its coarse deadline wheel."""
         if not self._backoff.allow():
             raise QuotaBackingOff("Redis failed moments ago; backing off before the next try")
         client = self._client
@@ -435,16 +423,18 @@ class RedisQuotaStore(QuotaStore):
                 await client.execute_command("SCRIPT", "LOAD", script.source,
                                              timeout=self._deadline)
                 reply = await client.execute_encoded(command, timeout=self._deadline)
-        except _OUTAGE_ERRORS as exc:
-            await self._fail()
-            raise map_redis_error(exc) from exc
-        except ResponseError as exc:  # a script error: a bug, not an outage; no back-off
-            raise map_redis_error(exc) from exc
-        except RedisError as exc:
-            await self._fail()
-            raise map_redis_error(exc) from exc
+        except (*_OUTAGE_ERRORS, RedisError) as exc:
+            raise await self._translated(exc) from exc
         self._backoff.success()
         return reply
+
+    async def _translated(self, exc: BaseException) -> QuotaError:
+        """The quota error for a failed call; an outage also starts (or lengthens) the
+        back-off, a script error (a bug, not an outage) does not."""
+        if isinstance(exc, ResponseError) and not isinstance(exc, _OUTAGE_ERRORS):
+            return map_redis_error(exc)
+        await self._fail()
+        return map_redis_error(exc)
 
     async def _fail(self) -> None:
         """Start or lengthen the back-off; at the first failure drop the idle connections,
