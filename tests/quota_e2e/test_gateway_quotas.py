@@ -224,3 +224,40 @@ def test_tpm_and_budget_exact_across_three_gateways(redis: RedisProc, tmp_path: 
                 for gw in gws:
                     gw.stop()
             redis.cli("FLUSHALL")
+
+
+def test_settles_free_every_slot_and_reach_redis_before_exit(redis: RedisProc,
+                                                             tmp_path: Path) -> None:
+    """Settles run in the background after each response: back-to-back requests on one
+    connection never find their own slots still taken, and after a graceful stop every lease
+    is released and every request's real tokens (not its estimate) are in Redis."""
+    import asyncio
+
+    from gateway.quota.redis import RedisQuotaStore
+
+    with SimServer("interactive", speedup=50) as sim:
+        data = _policy(sim.url, {"concurrency": 1, "tpm": 10**9})
+        gw = GatewayProcess(tmp_path, data).start()
+        try:
+            used = 0
+            with httpx.Client(headers=AUTH, timeout=20) as client:  # one keep-alive connection
+                for _ in range(12):
+                    r = client.post(gw.url + "/v1/chat/completions", json={
+                        "model": "chat-model", "max_tokens": 200,
+                        "messages": [{"role": "user", "content": "hi"}]})
+                    assert r.status_code == 200, r.text
+                    used += r.json()["usage"]["total_tokens"]
+        finally:
+            assert gw.stop() == 0
+
+    async def read() -> tuple[int, int]:
+        store = RedisQuotaStore.from_url(redis.url)
+        try:
+            usage = await store.usage("acme", "tenant")
+            return usage.in_flight, usage.tokens
+        finally:
+            await store.aclose()
+
+    in_flight, tokens = asyncio.run(read())
+    assert in_flight == 0
+    assert tokens == used  # the window holds what the responses reported
