@@ -190,6 +190,7 @@ class RedisQuotaStore(QuotaStore):
         #: the hot path's calls go to the pipelined client pre-encoded (see ``_Parts``)
         self._lean = isinstance(client, PipelinedRedis)
         self._parts: dict[tuple[str, int, float], _Parts] = {}
+        self._scripts_loaded = False
         self._reserve = _Script.of(RESERVE)
         self._settle = _Script.of(SETTLE)
         self._renew = _Script.of(RENEW)
@@ -416,6 +417,8 @@ class RedisQuotaStore(QuotaStore):
         client = self._client
         assert isinstance(client, PipelinedRedis)
         try:
+            if not self._scripts_loaded:
+                await self._load_scripts(client)
             try:
                 reply = await client.execute_encoded(command, urgent=urgent,
                                                      timeout=self._deadline)
@@ -427,6 +430,20 @@ class RedisQuotaStore(QuotaStore):
             raise await self._translated(exc) from exc
         self._backoff.success()
         return reply
+
+    async def _load_scripts(self, client: PipelinedRedis) -> None:
+        """Load every script at the first call, in one write. Loading one only when its
+        EVALSHA met ``NOSCRIPT`` costs that call two more round trips, and a settle delayed
+        so could reach Redis after the next request's reserve (a slot the client just freed
+        would still look taken); after a Redis restart that fallback still applies."""
+        scripts = (self._reserve, self._settle, self._renew, self._usage)
+        async with asyncio.timeout(self._deadline):  # once per process: a timer is fine
+            replies = await client.execute_many([("SCRIPT", "LOAD", s.source)
+                                                 for s in scripts])
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        self._scripts_loaded = True
 
     async def _translated(self, exc: BaseException) -> QuotaError:
         """The quota error for a failed call; an outage also starts (or lengthens) the

@@ -241,11 +241,11 @@ def test_settles_free_every_slot_and_reach_redis_before_exit(redis: RedisProc,
         try:
             used = 0
             with httpx.Client(headers=AUTH, timeout=20) as client:  # one keep-alive connection
-                for _ in range(12):
+                for i in range(12):
                     r = client.post(gw.url + "/v1/chat/completions", json={
                         "model": "chat-model", "max_tokens": 200,
                         "messages": [{"role": "user", "content": "hi"}]})
-                    assert r.status_code == 200, r.text
+                    assert r.status_code == 200, (i, r.text)
                     used += r.json()["usage"]["total_tokens"]
         finally:
             assert gw.stop() == 0
