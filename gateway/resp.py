@@ -41,7 +41,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.deadlines import wheel
 
-__all__ = ["LAZY_FLUSH_S", "PipelinedRedis", "encode_command", "pipelined_client",
+__all__ = ["LAZY_FLUSH_S", "PipelinedRedis", "bulk", "encode_command", "pipelined_client",
            "supports_url"]
 
 #: how long a non-urgent command may wait for others to share its write
@@ -91,6 +91,13 @@ def encode_command(args: tuple[Any, ...]) -> bytes:
             raise TypeError(f"cannot send {kind.__name__} to Redis")
         append(b"$%d\r\n%b\r\n" % (len(data), data))
     return b"".join(parts)
+
+
+def bulk(value: str | int | bytes) -> bytes:
+    """One RESP bulk string, as :func:`encode_command` writes each argument: for callers that
+    keep the fixed parts of a command they send on every request encoded once."""
+    data = value if isinstance(value, bytes) else str(value).encode()
+    return b"$%d\r\n%b\r\n" % (len(data), data)
 
 
 def _expire(waiter: asyncio.Future[Any], timeout: float) -> None:

@@ -57,7 +57,7 @@ from gateway.ledger.keys import (
 from gateway.ledger.record import decode_record, encode_record
 from gateway.ledger.scripts import STORE_RECORD
 from gateway.ledger.spool import Spool
-from gateway.resp import PipelinedRedis, pipelined_client
+from gateway.resp import PipelinedRedis, bulk, pipelined_client
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
@@ -103,12 +103,6 @@ def _tag(tenant: str) -> str:
     return tenant_tag(tenant)
 
 
-def _bulk(value: str | int | bytes) -> bytes:
-    """One RESP bulk string (as ``encode_command`` writes each argument)."""
-    data = value if isinstance(value, bytes) else str(value).encode()
-    return b"$%d\r\n%b\r\n" % (len(data), data)
-
-
 _COUNTERS_FORMAT = b",".join([b"%d"] * len(COUNTERS))
 
 
@@ -152,7 +146,7 @@ class RedisLedger(Ledger):
         self.spool = Spool(spool_dir, max_segment_bytes=s.spool_segment_bytes)
         self._sha = _sha1(STORE_RECORD)
         #: RESP of the command's fixed start: an array of 13 (EVALSHA, sha, 4, 4 keys, 6 args)
-        self._head = b"*13\r\n" + b"".join(_bulk(a) for a in ("EVALSHA", self._sha, 4))
+        self._head = b"*13\r\n" + b"".join(bulk(a) for a in ("EVALSHA", self._sha, 4))
         self._day_parts: dict[tuple[str, str], tuple[str, bytes]] = {}
         self._group_parts: dict[tuple[str, str, str | None], bytes] = {}
         self._seen_ttl_ms = s.seen_ttl_days * _DAY_MS
@@ -317,14 +311,14 @@ class RedisLedger(Ledger):
     def _day_part(self, record: UsageRecord) -> tuple[str, bytes]:
         """(tag, RESP of the stream/day/month keys and the three expiry arguments)."""
         args = self._script_args(record)
-        part = b"".join(_bulk(a) for a in (*args[1:4], *args[4:7]))
+        part = b"".join(bulk(a) for a in (*args[1:4], *args[4:7]))
         if len(self._day_parts) >= 1024:
             self._day_parts.clear()
         value = self._day_parts[record.tenant, record.day] = (_tag(record.tenant), part)
         return value
 
     def _group_part(self, record: UsageRecord) -> bytes:
-        part = _bulk(field_prefix(record))
+        part = bulk(field_prefix(record))
         if len(self._group_parts) >= 1024:
             self._group_parts.clear()
         self._group_parts[record.model, record.request_class, record.batch_id] = part

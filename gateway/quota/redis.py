@@ -51,7 +51,7 @@ from gateway.quota.keys import record_key, scope_key, tenant_tag
 from gateway.quota.limits import LIMIT_NAMES
 from gateway.quota.memory import RECORD_TTL
 from gateway.quota.scripts import RENEW, RESERVE, SETTLE, USAGE
-from gateway.resp import PipelinedRedis, encode_command, pipelined_client
+from gateway.resp import PipelinedRedis, bulk, encode_command, pipelined_client
 
 if TYPE_CHECKING:
     from gateway.quota.base import QuotaRequest
@@ -84,11 +84,6 @@ class _Script:
         return cls(source, hashlib.sha1(source.encode()).hexdigest())
 
 
-def _bulk(value: str | int) -> bytes:
-    data = str(value).encode()
-    return b"$%d\r\n%b\r\n" % (len(data), data)
-
-
 @dataclass(frozen=True, slots=True)
 class _Parts:
     """The RESP of what a (tenant, scopes, lease) sends on every reserve and settle: the
@@ -108,16 +103,27 @@ class _Parts:
     def build(cls, store: RedisQuotaStore, tenant: str, scopes: tuple[Scope, ...],
               lease_ttl: float) -> _Parts:
         nkeys = 1 + len(scopes)
-        keys = b"".join(_bulk(scope_key(tenant, s.name)) for s in scopes)
+        keys = b"".join(bulk(scope_key(tenant, s.name)) for s in scopes)
 
         def head(script: _Script, nargs: int) -> bytes:
-            return b"*%d\r\n%b%b%b" % (3 + nkeys + nargs, _bulk("EVALSHA"), _bulk(script.sha),
-                                         _bulk(nkeys))
+            return b"*%d\r\n%b%b%b" % (3 + nkeys + nargs, bulk("EVALSHA"), bulk(script.sha),
+                                         bulk(nkeys))
 
-        limits = b"".join(_bulk(v) for v in (round(lease_ttl * 1e6), store._window_us,
+        limits = b"".join(bulk(v) for v in (round(lease_ttl * 1e6), store._window_us,
                                               store._record_ttl_ms(lease_ttl), _wire(scopes)))
         return cls(scopes, tenant_tag(tenant), keys, head(store._reserve, 7), limits,
-                   head(store._settle, 4), _bulk(store._window_us))
+                   head(store._settle, 4), bulk(store._window_us))
+
+    def command(self, head: bytes, request_id: str, first: int, middle: bytes, last: int
+                ) -> bytes:
+        """``head``, the request's record key, the scope keys, then the arguments: the request
+        id, ``first``, the cached ``middle`` and ``last`` (the shape reserve and settle share)."""
+        record = f"{self.tag}:r:{request_id}".encode()
+        rid = request_id.encode()
+        one, two = b"%d" % first, b"%d" % last
+        return b"%b$%d\r\n%b\r\n%b$%d\r\n%b\r\n$%d\r\n%b\r\n%b$%d\r\n%b\r\n" % (
+            head, len(record), record, self.keys, len(rid), rid, len(one), one, middle,
+            len(two), two)
 
 
 def map_redis_error(exc: BaseException) -> QuotaError:
@@ -252,34 +258,25 @@ class RedisQuotaStore(QuotaStore):
 
     # -- the steps ------------------------------------------------------------------------
 
-    def _reserve_command(self, request: QuotaRequest) -> tuple[Any, ...]:
-        """The reserve's EVALSHA as arguments (for redis-py, and as the tests' reference)."""
-        scopes = request.scopes
+    def _reserve_args(self, request: QuotaRequest) -> tuple[list[str], list[Any]]:
+        """The reserve's keys and arguments (redis-py sends these; the tests' reference)."""
         keys = [record_key(request.tenant, request.request_id)]
-        keys.extend(scope_key(request.tenant, scope.name) for scope in scopes)
-        return ("EVALSHA", self._reserve.sha, len(keys), *keys, request.request_id,
-                request.estimated_tokens, round(request.lease_ttl * 1e6), self._window_us,
-                self._record_ttl_ms(request.lease_ttl), _wire(scopes), request.estimated_cost)
+        keys.extend(scope_key(request.tenant, scope.name) for scope in request.scopes)
+        return keys, [request.request_id, request.estimated_tokens,
+                      round(request.lease_ttl * 1e6), self._window_us,
+                      self._record_ttl_ms(request.lease_ttl), _wire(request.scopes),
+                      request.estimated_cost]
 
     def _reserve_encoded(self, request: QuotaRequest) -> bytes:
-        """:meth:`_reserve_command` in RESP, from the cached parts of its tenant and scopes."""
+        """The reserve's EVALSHA in RESP, from the cached parts of its tenant and scopes."""
         parts = self._parts_of(request.tenant, request.scopes, request.lease_ttl)
-        record = f"{parts.tag}:r:{request.request_id}".encode()
-        rid = request.request_id.encode()
-        est = b"%d" % request.estimated_tokens
-        cost = b"%d" % request.estimated_cost
-        return b"%b$%d\r\n%b\r\n%b$%d\r\n%b\r\n$%d\r\n%b\r\n%b$%d\r\n%b\r\n" % (
-            parts.reserve_head, len(record), record, parts.keys, len(rid), rid, len(est), est,
-            parts.reserve_limits, len(cost), cost)
+        return parts.command(parts.reserve_head, request.request_id, request.estimated_tokens,
+                             parts.reserve_limits, request.estimated_cost)
 
     def _settle_encoded(self, reservation: Reservation, tokens: int, cost: int) -> bytes:
         parts = self._parts_of(reservation.tenant, reservation.scopes, reservation.lease_ttl)
-        record = f"{parts.tag}:r:{reservation.request_id}".encode()
-        rid = reservation.request_id.encode()
-        used, spent = b"%d" % tokens, b"%d" % cost
-        return b"%b$%d\r\n%b\r\n%b$%d\r\n%b\r\n$%d\r\n%b\r\n%b$%d\r\n%b\r\n" % (
-            parts.settle_head, len(record), record, parts.keys, len(rid), rid, len(used), used,
-            parts.window, len(spent), spent)
+        return parts.command(parts.settle_head, reservation.request_id, tokens, parts.window,
+                             cost)
 
     def _parts_of(self, tenant: str, scopes: tuple[Scope, ...], lease_ttl: float) -> _Parts:
         cached = self._parts.get((tenant, id(scopes), lease_ttl))
@@ -296,9 +293,7 @@ class RedisQuotaStore(QuotaStore):
         if self._lean:
             reply = await self._run_lean(self._reserve, self._reserve_encoded(request), True)
         else:
-            command = self._reserve_command(request)
-            reply = await self._run(self._reserve, list(command[3:3 + command[2]]),
-                                    list(command[3 + command[2]:]))
+            reply = await self._run(self._reserve, *self._reserve_args(request))
         if reply[0] == 0:
             return Decision(
                 admitted=False,

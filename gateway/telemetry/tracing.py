@@ -150,12 +150,11 @@ class RequestTracing:
         self.settings = settings
         self._ratio = settings.ratio
         self._parent_based = settings.parent_based
-        self._processor: SpanProcessor | None = None
+        self._sink: SpanSink | None = None
         if settings.enabled:
             from gateway.telemetry.recording import start_request_span
 
             self._sink = _make_sink(settings, processor)
-            self._processor = self._sink.processor
             self._start_span = start_request_span
         else:
             self.start = self._start_off  # type: ignore[method-assign]
@@ -185,6 +184,7 @@ class RequestTracing:
                 return NOOP_SPAN
         elif self._ratio < 1.0 and random.random() >= self._ratio:
             return NOOP_SPAN
+        assert self._sink is not None  # ``start`` is ``_start_off`` unless enabled
         return self._start_span(
             self._sink, ctx, operation or OPERATIONS.get(ctx.endpoint, ctx.endpoint),
             self.settings.provider, parent, raw_state, headers,
@@ -197,12 +197,12 @@ class RequestTracing:
 
     def force_flush(self, timeout_ms: int = 5000) -> bool:
         """Export queued spans now (tests, and before a worker exits)."""
-        return self._processor.force_flush(timeout_ms) if self._processor is not None else True
+        return self._sink.processor.force_flush(timeout_ms) if self._sink is not None else True
 
     def shutdown(self) -> None:
         """Flush and stop the exporter thread; call from the lifespan's shutdown."""
-        if self._processor is not None:
-            self._processor.shutdown()
+        if self._sink is not None:
+            self._sink.processor.shutdown()
 
 
 def _make_sink(settings: TracingSettings, processor: SpanProcessor | None) -> SpanSink:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,6 +23,18 @@ def test_encoding_is_resp_bulk_strings() -> None:
         encode_command(("SET", "k", None))
 
 
+@pytest.fixture
+async def client(redis_proc: RedisProc) -> AsyncIterator[PipelinedRedis]:
+    """A lean client on the session's redis-server, closed after the test."""
+    client = PipelinedRedis.from_url(redis_proc.url)
+    yield client
+    await client.aclose()
+
+
+def _writes(client: PipelinedRedis) -> int:
+    return int(repr(client).split("writes=")[1].rstrip(">"))
+
+
 def test_only_plain_redis_urls() -> None:
     assert supports_url("redis://h:1/2")
     assert not supports_url("rediss://h:1")
@@ -29,40 +42,32 @@ def test_only_plain_redis_urls() -> None:
 
 
 async def test_concurrent_calls_share_writes_and_get_their_own_replies(
-    redis_proc: RedisProc,
+    client: PipelinedRedis,
 ) -> None:
-    client = PipelinedRedis.from_url(redis_proc.url)
-    try:
-        keys = [f"resp-test-{i}" for i in range(500)]
-        await asyncio.gather(*(client.execute_command("SET", k, i) for i, k in enumerate(keys)))
-        values = await asyncio.gather(*(client.execute_command("GET", k) for k in keys))
-        assert values == [str(i).encode() for i in range(500)]
-        # 1,000 commands issued 500 at a time went out in a handful of writes
-        assert "commands=1000" in repr(client)
-        writes = int(repr(client).split("writes=")[1].rstrip(">"))
-        assert writes < 20
-        with pytest.raises(NoScriptError):
-            await client.execute_command("EVALSHA", "0" * 40, 0)
-        with pytest.raises(ResponseError):
-            await client.execute_command("NOSUCHCOMMAND")
-        sha = await client.script_load("return ARGV[1]")
-        assert await client.execute_command("EVALSHA", sha, 0, "x") == b"x"
-        assert await client.ping()
-    finally:
-        await client.aclose()
+    keys = [f"resp-test-{i}" for i in range(500)]
+    await asyncio.gather(*(client.execute_command("SET", k, i) for i, k in enumerate(keys)))
+    values = await asyncio.gather(*(client.execute_command("GET", k) for k in keys))
+    assert values == [str(i).encode() for i in range(500)]
+    # 1,000 commands issued 500 at a time went out in a handful of writes
+    assert "commands=1000" in repr(client)
+    writes = _writes(client)
+    assert writes < 20
+    with pytest.raises(NoScriptError):
+        await client.execute_command("EVALSHA", "0" * 40, 0)
+    with pytest.raises(ResponseError):
+        await client.execute_command("NOSUCHCOMMAND")
+    sha = await client.script_load("return ARGV[1]")
+    assert await client.execute_command("EVALSHA", sha, 0, "x") == b"x"
+    assert await client.ping()
 
 
-async def test_a_cancelled_call_does_not_shift_later_replies(redis_proc: RedisProc) -> None:
-    client = PipelinedRedis.from_url(redis_proc.url)
-    try:
-        await client.execute_command("SET", "resp-slow", "a")
-        # a blocking call that times out on our side; its reply comes later and is skipped
-        with pytest.raises(TimeoutError):
-            async with asyncio.timeout(0.05):
-                await client.execute_command("BLPOP", "resp-empty-list", 0.3)
-        assert await client.execute_command("GET", "resp-slow") == b"a"
-    finally:
-        await client.aclose()
+async def test_a_cancelled_call_does_not_shift_later_replies(client: PipelinedRedis) -> None:
+    await client.execute_command("SET", "resp-slow", "a")
+    # a blocking call that times out on our side; its reply comes later and is skipped
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await client.execute_command("BLPOP", "resp-empty-list", 0.3)
+    assert await client.execute_command("GET", "resp-slow") == b"a"
 
 
 async def test_server_death_fails_waiters_and_the_next_call_reconnects(
@@ -98,33 +103,25 @@ async def test_db_and_password_from_the_url(own_redis: RedisProc) -> None:
     await denied.aclose()
 
 
-async def test_non_urgent_commands_wait_briefly_to_share_a_write(redis_proc: RedisProc) -> None:
-    client = PipelinedRedis.from_url(redis_proc.url)
-    try:
-        await client.ping()
-        before = int(repr(client).split("writes=")[1].rstrip(">"))
-        started = asyncio.get_running_loop().time()
-        assert await client.execute_command("PING", urgent=False) == b"PONG"
-        assert asyncio.get_running_loop().time() - started < 0.5  # the timer sent it alone
+async def test_non_urgent_commands_wait_briefly_to_share_a_write(client: PipelinedRedis) -> None:
+    await client.ping()
+    before = _writes(client)
+    started = asyncio.get_running_loop().time()
+    assert await client.execute_command("PING", urgent=False) == b"PONG"
+    assert asyncio.get_running_loop().time() - started < 0.5  # the timer sent it alone
 
-        async def lazy(i: int) -> Any:
-            await asyncio.sleep(0)  # issued over several loop iterations
-            return await client.execute_command("ECHO", str(i), urgent=False)
+    async def lazy(i: int) -> Any:
+        await asyncio.sleep(0)  # issued over several loop iterations
+        return await client.execute_command("ECHO", str(i), urgent=False)
 
-        replies = await asyncio.gather(*(lazy(i) for i in range(50)))
-        assert replies == [str(i).encode() for i in range(50)]
-        after = int(repr(client).split("writes=")[1].rstrip(">"))
-        assert after - before <= 3  # one for the lone PING, one or two for the fifty
-    finally:
-        await client.aclose()
+    replies = await asyncio.gather(*(lazy(i) for i in range(50)))
+    assert replies == [str(i).encode() for i in range(50)]
+    after = _writes(client)
+    assert after - before <= 3  # one for the lone PING, one or two for the fifty
 
 
-async def test_timeout_raises_redis_timeout_and_keeps_the_order(redis_proc: RedisProc) -> None:
-    client = PipelinedRedis.from_url(redis_proc.url)
-    try:
-        await client.execute_command("SET", "resp-t", "b")
-        with pytest.raises(RedisTimeoutError):
-            await client.execute_command("BLPOP", "resp-empty-2", 0.3, timeout=0.05)
-        assert await client.execute_command("GET", "resp-t", timeout=1.0) == b"b"
-    finally:
-        await client.aclose()
+async def test_timeout_raises_redis_timeout_and_keeps_the_order(client: PipelinedRedis) -> None:
+    await client.execute_command("SET", "resp-t", "b")
+    with pytest.raises(RedisTimeoutError):
+        await client.execute_command("BLPOP", "resp-empty-2", 0.3, timeout=0.05)
+    assert await client.execute_command("GET", "resp-t", timeout=1.0) == b"b"
