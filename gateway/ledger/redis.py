@@ -31,6 +31,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import (
     BusyLoadingError,
     NoScriptError,
+    RedisClusterException,
     RedisError,
     ResponseError,
 )
@@ -86,6 +87,13 @@ def map_redis_error(exc: BaseException) -> LedgerError:
     return LedgerConnectError(f"Redis could not be reached: {exc!r}")
 
 
+# What a call to Redis may raise when Redis (or the cluster) is away or slow.
+# ``RedisClusterException`` ("cannot be connected", raised by a cluster client that could not
+# reach any startup node) is not a ``RedisError``: without it an unreachable cluster at start
+# would escape ``start()`` instead of spooling.
+_FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
+
+
 def _is_outage(exc: BaseException) -> bool:
     """Worth retrying later (spool and replay), as opposed to a refused command."""
     if isinstance(exc, NoScriptError):
@@ -95,7 +103,7 @@ def _is_outage(exc: BaseException) -> bool:
         return isinstance(exc, BusyLoadingError) or text.startswith(
             ("LOADING", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM", "MASTERDOWN", "MOVED", "ASK")
         )
-    return isinstance(exc, RedisError | OSError | TimeoutError)
+    return isinstance(exc, _FAILURES)
 
 
 @lru_cache(maxsize=4096)
@@ -230,7 +238,7 @@ class RedisLedger(Ledger):
             )
             for result in results:
                 if isinstance(result, BaseException):
-                    if not isinstance(result, RedisError | OSError | TimeoutError):
+                    if not isinstance(result, _FAILURES):
                         raise result
                     self._backoff.failure()
                     raise map_redis_error(result) from result
@@ -355,7 +363,7 @@ class RedisLedger(Ledger):
             try:  # the probe: cheap, and a success lets the flushes use Redis again too
                 async with asyncio.timeout(self._deadline):
                     await self._client.execute_command("PING")
-            except (RedisError, OSError, TimeoutError):
+            except _FAILURES:
                 self._backoff.failure()
                 return 0
             self._backoff.success()
@@ -381,7 +389,7 @@ class RedisLedger(Ledger):
         try:
             async with asyncio.timeout(max(self._deadline, 1.0)):
                 await self._client.script_load(STORE_RECORD)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except _FAILURES as exc:
             self._backoff.failure()
             log.warning("ledger: Redis unavailable at start (%s); spooling until it answers", exc)
         self._replayer = asyncio.create_task(self._run_replayer(), name="ledger-replayer")
@@ -447,7 +455,7 @@ class RedisLedger(Ledger):
         try:
             async with asyncio.timeout(max(self._deadline, 1.0)):
                 return await awaitable
-        except (RedisError, OSError, TimeoutError) as exc:
+        except _FAILURES as exc:
             raise map_redis_error(exc) from exc
 
 

@@ -55,8 +55,8 @@ async def make_ledger(
             ledger = MemoryLedger(spool, settings=config)
         else:
             ledger = RedisLedger.from_url(
-                url, spool_dir=spool, cluster=kind == "cluster", timeout=TIMEOUT, settings=config,
-                pipelined=kind == "redis",
+                url, spool_dir=spool, cluster=kind == "cluster", timeout=TIMEOUT,
+                connect_timeout=TIMEOUT, settings=config, pipelined=kind == "redis",
             )
         await ledger.start()
         made.append(ledger)

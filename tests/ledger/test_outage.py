@@ -81,6 +81,27 @@ async def test_redis_lost_mid_load(
     await ledger.close()
 
 
+@pytest.mark.parametrize("cluster", [False, True], ids=["redis", "cluster"])
+async def test_unreachable_at_start_spools(
+    cluster: bool, tmp_path: Path, make_record: RecordFactory, tenant: str
+) -> None:
+    """A Redis (or Redis Cluster: its client raises ``RedisClusterException``, which is not
+    a ``RedisError``) that cannot be reached at start is an outage like any other: start
+    returns, the records go to the spool, nothing escapes to the caller."""
+    ledger = RedisLedger.from_url(
+        f"redis://127.0.0.1:{free_port()}", spool_dir=tmp_path / "spool", cluster=cluster
+    )
+    await ledger.start()
+    for _ in range(10):
+        await ledger.write(make_record(tenant))
+    await ledger.flush()
+    assert ledger.stats.spooled == 10
+    assert await ledger.replay() == 0
+    await ledger.close()
+    assert ledger.pending == 0
+    assert ledger.spool.segment_paths()
+
+
 async def test_spool_replayed_twice_counts_once(
     redis_proc: RedisProc, tmp_path: Path, make_record: RecordFactory, tenant: str
 ) -> None:
