@@ -188,6 +188,7 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
 
     @get("/metrics")
     async def metrics() -> Response[bytes]:
+        gateway.finished.flush()  # requests finished in the last few ms count too
         body, content_type = gateway.metrics.render()
         return Response(body, media_type=content_type)
 

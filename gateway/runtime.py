@@ -30,7 +30,13 @@ from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, Redi
 from gateway.quota.admission import scopes_for
 from gateway.routing.rollout import ShadowStats
 from gateway.routing.router import Router
-from gateway.telemetry import LogSettings, Metrics, RequestTracing, setup_logging
+from gateway.telemetry import (
+    FinishedRequests,
+    LogSettings,
+    Metrics,
+    RequestTracing,
+    setup_logging,
+)
 from gateway.upstream.base import make_upstream
 from gateway.upstream.monitors import Monitors
 
@@ -150,6 +156,7 @@ class Gateway:
             tenant_label=False, tenant_cap=100,
         )
         self.access_log = setup_logging(LogSettings.from_env(secrets=_secrets(policy)))
+        self.finished = FinishedRequests(self.metrics, self.access_log)
         self._gauges: asyncio.Task[None] | None = None
         self.keystore: KeyStore | None = None
         if policy.store.keys_file is not None or os.environ.get(policy.store.redis_url_env):
@@ -242,6 +249,7 @@ class Gateway:
         await self.ledger.close()  # drains buffered usage records to Redis or the spool
         await self.batches.close()  # batch jobs (issue 9)
         self.tracing.shutdown()
+        self.finished.flush()
         self.metrics.flush()
         self.access_log.close()
 

@@ -199,8 +199,7 @@ class ProxyHandler:
         tenant = runtime.tenants.get(ctx.tenant or "")
         span.end(ctx, payload=parsed.payload if parsed is not None else None,
                  record_content=tenant.record_content if tenant else False)
-        gateway.metrics.observe_request(ctx)
-        gateway.access_log(ctx, span=span)
+        gateway.finished(ctx, span)  # metrics and access line, in batches
         if ctx.admitted:
             gateway.ledger.write_nowait(make_record(
                 ctx, ctx.usage, tenant=ctx.tenant or "default",

@@ -7,6 +7,8 @@ Three independent objects, each made once per worker by the app factory and pass
 * :class:`Metrics` - ``observe_request(ctx, usage)`` per request, ``render()`` for ``/metrics``.
 * :class:`AccessLog` from :func:`setup_logging` - ``access_log(ctx, usage)`` per request;
   :func:`get_logger` for events.
+* :class:`FinishedRequests` - the proxy's one call per finished request; hands requests to the
+  metrics and the access log in batches (``write_many`` / ``observe_many``).
 
 Telemetry reads the request context and usage (:mod:`gateway.telemetry.types`) and knows no
 business rule. The OpenTelemetry SDK is imported only when tracing is on.
@@ -14,6 +16,7 @@ business rule. The OpenTelemetry SDK is imported only when tracing is on.
 
 from __future__ import annotations
 
+from gateway.telemetry.finished import FinishedRequests
 from gateway.telemetry.logging import AccessLog, LogSettings, get_logger, setup_logging
 from gateway.telemetry.metrics import Metrics, mark_process_dead
 from gateway.telemetry.redact import Redactor
@@ -24,6 +27,7 @@ __all__ = [
     "NOOP_SPAN",
     "AccessLog",
     "AttemptSpan",
+    "FinishedRequests",
     "LogSettings",
     "Metrics",
     "Redactor",

@@ -6,7 +6,7 @@ same processors, so every line on stdout is one JSON object, redacted by
 :class:`~gateway.telemetry.redact.Redactor`. Lines go through a
 :class:`~gateway.telemetry.writer.LineWriter`, so no request waits on a stdout write.
 
-The access line is the hot path (one per request): :class:`AccessLog` builds its dict and encodes
+The access line is the hot path (one per request): :class:`AccessLog` builds a struct and encodes
 it directly, skipping the processor chain (~10 µs), and scrubs its one free-text field
 (``error``); everything else in it is ids, names from the policy, and numbers. Successful requests
 can be sampled; failed, rejected and cancelled ones are always logged.
@@ -18,7 +18,6 @@ Events (``log = get_logger(__name__)``; then ``log.info("policy_reloaded", versi
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import random
@@ -240,22 +239,16 @@ def setup_logging(settings: LogSettings | None = None, stream: IO[bytes] | None 
     return AccessLog(settings, writer, redactor)
 
 
-#: how long an access line may wait to be rendered with others (event loop callers only)
-RENDER_INTERVAL_S = 0.05
-#: render at once when this many lines wait
-RENDER_BATCH = 512
-
-
 class AccessLog:
     """Writes the one access line of each request; shared by all requests of a worker.
 
-    A call captures the request's facts in its line's struct (built positionally: keywords
-    cost three times as much); the lines are stamped and encoded to JSON in batches, at most
-    :data:`RENDER_INTERVAL_S` later or every :data:`RENDER_BATCH` lines, by one
-    ``encode_lines`` call. Measured through the gateway (``loadtest.overhead.ab``):
-    rendering and writing each line as its request ended cost ~9 µs of the event loop per
-    request, about 7% of a worker's throughput; in batches most of that goes. Called
-    outside an event loop (tools, tests), a line is rendered at once.
+    The proxy's finished requests come in batches (:meth:`line` for each, then :meth:`emit`,
+    from :class:`~gateway.telemetry.finished.FinishedRequests`): each line's struct is built
+    positionally (keywords cost three times as much), stamped, and the whole batch is encoded
+    to JSON by one ``encode_lines`` call and written with one call to the writer. Measured
+    through the gateway (``loadtest.overhead.ab``): rendering and writing each line as its
+    request ended cost ~9 µs of the event loop per request; batched, ~1 µs plus the capture.
+    A direct call (tools, tests) writes its one line at once.
     """
 
     def __init__(self, settings: LogSettings, writer: LineWriter | _Direct,
@@ -267,18 +260,14 @@ class AccessLog:
         self._sample = settings.access_sample
         self._second = -1
         self._prefix = ""
-        self._on = settings.access
-        self._rows: list[_AccessLine] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self.on = settings.access
 
     def __repr__(self) -> str:
         s = self.settings
-        return (f"<AccessLog {'on' if s.access else 'off'} sample={s.access_sample} "
-                f"pending={len(self._rows)}>")
+        return f"<AccessLog {'on' if s.access else 'off'} sample={s.access_sample}>"
 
     def close(self) -> None:
-        """Render what waits, write what is buffered and stop the writer thread."""
-        self.render()
+        """Write what is buffered and stop the writer thread."""
         self.writer.close()
 
     def _timestamp(self, ns: int) -> str:
@@ -293,18 +282,26 @@ class AccessLog:
     def __call__(self, ctx: ContextView, usage: UsageView | None = None, *,
                  tenant: str | None = None, span: RequestSpan | None = None,
                  quota: str | None = None) -> None:
-        """Log one finished request (call once, after usage is known, on every path).
+        """Log one finished request now (call once, after usage is known, on every path).
 
         ``usage``, ``tenant`` and ``quota`` default to the context's own attributes of those
         names when it has them.
         """
-        if not self._on:
-            return
+        if self.on:
+            line = self.line(ctx, usage, tenant, span, quota, time.time_ns())
+            if line is not None:
+                self.emit([line])
+
+    def line(self, ctx: ContextView, usage: UsageView | None, tenant: str | None,
+             span: RequestSpan | None, quota: str | None, wall_ns: int) -> _AccessLine | None:
+        """The request's line (its ``timestamp`` still the wall clock in ns), or None when
+        sampled out; :meth:`emit` writes lines. For callers that loop over many requests
+        (:class:`~gateway.telemetry.finished.FinishedRequests`); only while ``on``."""
         status = ctx.status
         outcome = ctx.outcome
         ok = outcome == "completed" and status < 400
         if ok and self._sample < 1.0 and random.random() >= self._sample:
-            return
+            return None
         if usage is None:
             usage = getattr(ctx, "usage", None)
         if tenant is None:
@@ -325,8 +322,8 @@ class AccessLog:
             t_new, t_cached, estimated = usage.new, usage.cached, usage.estimated
             cost = None if usage.cost is None else usage.cost.total
         # positional, in field order: a third of the cost of keywords (it runs per request)
-        line = _AccessLine(
-            time.time_ns(), "info" if ok else "warning", "access", ctx.request_id, tenant,
+        return _AccessLine(
+            wall_ns, "info" if ok else "warning", "access", ctx.request_id, tenant,
             ctx.key_id, ctx.endpoint, ctx.request_model, ctx.upstream_model, ctx.request_class,
             ctx.pool, ctx.backend, ctx.stream, status, outcome, ctx.attempts,
             None if first is None else (first - started) // 1000 / 1000,
@@ -334,27 +331,9 @@ class AccessLog:
             ctx.failovers, trace_id, span_id, quota, t_in, t_out, t_system, t_history, t_new,
             t_cached, estimated, cost, self._redact(error) if error else None,
         )
-        rows = self._rows
-        rows.append(line)
-        if len(rows) == 1:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                self.render()
-                return
-            self._timer = loop.call_later(RENDER_INTERVAL_S, self.render)
-        elif len(rows) >= RENDER_BATCH:
-            self.render()
 
-    def render(self) -> None:
-        """Stamp, encode and write the lines that wait (also called by the timer and ``close``)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        rows = self._rows
-        if not rows:
-            return
-        self._rows = []
+    def emit(self, rows: list[_AccessLine]) -> None:
+        """Stamp, encode and write ``rows`` (one encode, one call to the writer)."""
         stamp = self._timestamp
         for line in rows:
             line.timestamp = stamp(line.timestamp)  # type: ignore[arg-type]

@@ -261,6 +261,16 @@ class Metrics:
         """
         if not self.enabled:
             return
+        key = self.observe_one(ctx, usage, tenant)
+        if queue_wait_s is not None:
+            self.queue_wait.labels(*(v or "" for v in key[:3])).observe(queue_wait_s)
+        self.flush_due()
+
+    def observe_one(self, ctx: ContextView, usage: UsageView | None = None,
+                    tenant: str | None = None) -> tuple[Any, ...]:
+        """The counting part of :meth:`observe_request`, for callers that loop over many
+        requests (:class:`~gateway.telemetry.finished.FinishedRequests`) and then call
+        :meth:`flush_due` once; only while ``enabled``. Returns the request's label key."""
         if usage is None:
             usage = getattr(ctx, "usage", None)
         if tenant is None:
@@ -286,8 +296,6 @@ class Metrics:
             bound.retries += ctx.attempts - 1
         if ctx.failovers:
             bound.failovers += ctx.failovers
-        if queue_wait_s is not None:
-            self.queue_wait.labels(*(v or "" for v in key[:3])).observe(queue_wait_s)
         if usage is not None:
             bound.usages.append(usage)  # its tokens are added up at the flush
             cost = usage.cost
@@ -295,6 +303,10 @@ class Metrics:
                 spend = self._spend_pending
                 spend_key = (label, key[0] or "")
                 spend[spend_key] = spend.get(spend_key, 0) + cost.total
+        return key
+
+    def flush_due(self) -> None:
+        """Flush if the last flush is ``flush_interval`` old."""
         now = time.monotonic()
         if now >= self._next_flush:
             self._next_flush = now + self.flush_interval

@@ -63,6 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help=f"JSON result file ({DEFAULT_OUT})"
     )
+    p.add_argument("--log-sink", choices=("pipe", "file"), default="pipe",
+                   help="the gateway's output: 'pipe' (default) to a log shim on the client core "
+                   "that appends it to the log file, as a container runtime's shim does; "
+                   "'file' straight into the file (its file system cost on the proxy core)")
     p.add_argument("--strict", action="store_true", help="exit 1 if a target fails")
     p.add_argument("--keep-temp", action="store_true", help="keep the temp dir (configs, logs)")
     args = p.parse_args(argv)
@@ -215,6 +219,8 @@ def run(args: argparse.Namespace, procs: ProcessSet, workdir: Path) -> report.Re
                     health_path=args.gateway_health,
                     ready_timeout=args.gateway_ready_timeout,
                     quotas=args.quotas,
+                    log_shim=args.log_sink == "pipe",
+                    log_shim_cpus=cpu["client"],
                 )
                 check_endpoint(gw_port, stream=stream, headers=headers)
                 ports["gateway"] = gw_port

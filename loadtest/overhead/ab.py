@@ -70,6 +70,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--proxy-cpu", default="0")
     p.add_argument("--client-cpu", default="1")
     p.add_argument("--backend-cpu", default="1")
+    p.add_argument("--log-sink", choices=("pipe", "file"), default="pipe",
+                   help="the gateway's output: 'pipe' (default) to a log shim on the client core "
+                   "that appends it to the log file, as a container runtime's shim does; "
+                   "'file' straight into the file (its file system cost on the proxy core)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     if args.pairs < 1 or args.duration < 1:
@@ -85,7 +89,8 @@ def _start(args: argparse.Namespace, procs: ProcessSet, workdir: Path, env: dict
         (port,) = free_ports(1)
         gw = gateway.start(procs, workdir, template=gateway.default_command(), api_key=api_key,
                            port=port, backend_port=backend_port, cpus=args.proxy_cpu or None,
-                           label=label, quotas=args.quotas)
+                           label=label, quotas=args.quotas,
+                           log_shim=args.log_sink == "pipe", log_shim_cpus=args.client_cpu or None)
     finally:
         for name, value in saved.items():
             if value is None:

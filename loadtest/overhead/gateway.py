@@ -99,13 +99,21 @@ def start(
     health_path: str = HEALTH_PATH,
     ready_timeout: float = 60.0,
     quotas: bool = False,
+    log_shim: bool = False,
+    log_shim_cpus: str | None = None,
 ) -> Managed:
-    """Write the config, start the gateway pinned to ``cpus``, wait for ``GET /healthz`` 200."""
+    """Write the config, start the gateway pinned to ``cpus``, wait for ``GET /healthz`` 200.
+
+    ``log_shim``: send its output through a pipe to a log shim (pinned to ``log_shim_cpus``),
+    as under a container runtime, instead of straight into the log file; see
+    ``ProcessSet.start``.
+    """
     config = workdir / f"gateway-{label}.yaml"
     config.write_text(config_yaml(api_key, backend_port, quotas=quotas,
                                   spool_dir=workdir / f"spool-{label}"))
     cmd: Sequence[str] = command(template, config=config, port=port, backend_port=backend_port)
-    managed = procs.start(f"gateway-{label}", pinned(cmd, cpus), workdir / f"gateway-{label}.log")
+    managed = procs.start(f"gateway-{label}", pinned(cmd, cpus), workdir / f"gateway-{label}.log",
+                          log_shim=log_shim, shim_cpus=log_shim_cpus)
     try:
         wait_http_ok(managed, port, health_path, timeout=ready_timeout)
     except BaseException:

@@ -106,3 +106,24 @@ def test_known_workload_traces_metrics_logs(tmp_path: Path) -> None:
             os.environ.pop(key, None)
         collector.shutdown()
         collector.server_close()
+
+
+def test_metrics_count_every_request_at_once(tmp_path: Path) -> None:
+    """``/metrics`` right after the responses counts all of them: finished requests are
+    counted in batches (``FinishedRequests``), and a scrape hands over what waits first."""
+    with SimServer("interactive", speedup=50, jitter=0.0) as sim:
+        gw = GatewayProcess(tmp_path, policy({"chat": [sim.url]})).start()
+        try:
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key=TEST_KEY, max_retries=0)
+            for n in (1, 7):
+                for _ in range(n):
+                    client.chat.completions.create(
+                        model="chat-model", max_tokens=3,
+                        messages=[{"role": "user", "content": "hi"}])
+                text = httpx.get(gw.url + "/metrics").text  # no wait
+                assert _metric(text, "gateway_requests_total", status="200") == (
+                    1 if n == 1 else 8), [ln for ln in text.splitlines() if "requests_t" in ln]
+                assert _metric(text, "gateway_tokens_total", kind="output") == 3 * (
+                    1 if n == 1 else 8)
+        finally:
+            gw.stop()
