@@ -88,6 +88,7 @@ class _Work:
     ready: deque[int] = field(default_factory=deque)
     delayed: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, line) heap
     results: list[LineResult] = field(default_factory=list)  # waiting for the checkpoint
+    saving: int = 0  # results a checkpoint took and has not recorded yet
     in_flight: int = 0
     exhausted: bool = False  # no chunk left to claim (until the next refresh)
     stopping: bool = False  # cancelling or expiring: start nothing new
@@ -96,6 +97,13 @@ class _Work:
     @property
     def id(self) -> str:
         return self.record.id
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running and every result recorded: only then may the batch be released or
+        finalized (a checkpoint between taking results and recording them is not idle, or a
+        finalize would miss those lines while the counts include them)."""
+        return self.in_flight == 0 and not self.results and self.saving == 0
 
     def next_ready(self, now: float) -> int | None:
         if self.delayed and self.delayed[0][0] <= now:
@@ -184,7 +192,7 @@ class BatchRunner:
                 await self._advance(record, time.time())
         for batch_id in [b for b in self._works if b not in active]:
             work = self._works[batch_id]
-            if work.in_flight == 0 and not work.results:
+            if work.idle:
                 del self._works[batch_id]
 
     async def _advance(self, record: BatchRecord, now: float) -> None:
@@ -193,7 +201,7 @@ class BatchRunner:
         work = self._works.get(record.id)
         if status in ("validating", "in_progress", "cancelling") and now >= record.expires_at:
             await self._stop_work(work)
-            if work is None or work.in_flight == 0:
+            if work is None or work.idle:
                 await self._finalize(record, "expired")
             return
         if status == "validating":
@@ -240,7 +248,7 @@ class BatchRunner:
         work.stopping = True
         work.ready.clear()
         work.delayed.clear()
-        if work.in_flight == 0 and not work.results:
+        if work.idle:
             await self._release_all(work)
             self._works.pop(work.id, None)
 
@@ -410,40 +418,45 @@ class BatchRunner:
 
     async def _checkpoint(self) -> None:
         pending = [(w, w.results) for w in list(self._works.values()) if w.results]
-        for work, _ in pending:
-            work.results = []
-        if pending:
-            try:
-                await self.gateway.ledger.flush()
-            except BaseException:
-                for work, results in pending:
-                    work.results[:0] = results
-                raise
-        state = self.jobs.state
         for work, results in pending:
-            try:
+            work.results = []
+            work.saving += len(results)
+        try:
+            if pending:
+                await self.gateway.ledger.flush()
+            state = self.jobs.state
+            while pending:
+                work, results = pending[0]
                 await state.record_results(work.id, results)
-            except BaseException:
+                pending.pop(0)
+                work.saving -= len(results)
+                await self._release_finished(work, results)
+        except BaseException:
+            for work, results in pending:  # not recorded: the next checkpoint tries again
                 work.results[:0] = results
-                raise
-            finished = []
-            for result in results:
-                chunk = result.index // work.record.chunk_lines
-                remaining = work.held.get(chunk)
-                if remaining is not None:
-                    remaining.discard(result.index)
-                    if not remaining:
-                        finished.append(chunk)
-            for chunk in finished:
-                del work.held[chunk]
-                await state.release_chunk(work.id, chunk, self.owner, done=True)
-            if finished and not work.held and work.exhausted:
-                self.poke()  # maybe the last lines: finalize soon
+                work.saving -= len(results)
+            raise
         for work in [w for w in self._works.values() if w.stopping]:
-            if work.in_flight == 0 and not work.results:
+            if work.idle:
                 await self._release_all(work)
                 self._works.pop(work.id, None)
                 self.poke()
+
+    async def _release_finished(self, work: _Work, results: list[LineResult]) -> None:
+        """Give back the chunks whose every line now has a recorded result."""
+        finished = []
+        for result in results:
+            chunk = result.index // work.record.chunk_lines
+            remaining = work.held.get(chunk)
+            if remaining is not None:
+                remaining.discard(result.index)
+                if not remaining:
+                    finished.append(chunk)
+        for chunk in finished:
+            del work.held[chunk]
+            await self.jobs.state.release_chunk(work.id, chunk, self.owner, done=True)
+        if finished and not work.held and work.exhausted:
+            self.poke()  # maybe the last lines: finalize soon
 
     # -- renew: keep this process's leases
     async def _renew_loop(self) -> None:
