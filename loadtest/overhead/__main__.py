@@ -220,7 +220,7 @@ def run(args: argparse.Namespace, procs: ProcessSet, workdir: Path) -> report.Re
                     ready_timeout=args.gateway_ready_timeout,
                     quotas=args.quotas,
                     log_shim=args.log_sink == "pipe",
-                    log_shim_cpus=cpu["client"],
+                    log_shim_cpus=args.client_cpu or None,
                 )
                 check_endpoint(gw_port, stream=stream, headers=headers)
                 ports["gateway"] = gw_port

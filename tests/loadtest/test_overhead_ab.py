@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +31,27 @@ def test_arguments_are_checked() -> None:
     assert parse_args(["--pairs", "3"]).pairs == 3
     with pytest.raises(SystemExit):
         parse_args(["--pairs", "0"])
+
+
+@pytest.mark.parametrize("shim", [True, False])
+def test_output_reaches_the_log_through_the_shim_or_directly(tmp_path: Path, shim: bool) -> None:
+    """With the log shim the process writes to a pipe (as under a container runtime) and
+    every line still lands in the log file; without it, straight into the file."""
+    from loadtest.overhead.procs import ProcessSet
+
+    log = tmp_path / "out.log"
+    script = ("import os, sys, time\n"
+              "print(os.readlink('/proc/self/fd/1'), flush=True)\n"
+              "for i in range(20000): print('line', i)\n")
+    procs = ProcessSet()
+    managed = procs.start("child", [sys.executable, "-c", script], log, log_shim=shim)
+    assert managed.proc.wait(30) == 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the shim ends at EOF
+        text = log.read_text()
+        if text.endswith("line 19999\n"):
+            break
+        time.sleep(0.05)
+    first, *rest = text.splitlines()
+    assert first.startswith("pipe:") if shim else first == str(log)
+    assert rest == [f"line {i}" for i in range(20000)]
