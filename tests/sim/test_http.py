@@ -296,7 +296,10 @@ def test_queue_full_is_503() -> None:
         threads = [threading.Thread(target=post) for _ in range(2)]
         for t in threads:
             t.start()
-        time.sleep(0.2)
+        deadline = time.monotonic() + 10  # a loaded box may take a while to deliver both
+        while (s.stats()["running"], s.stats()["waiting"]) != (1, 1):
+            assert time.monotonic() < deadline, s.stats()
+            time.sleep(0.01)
         r = httpx.post(s.url + "/v1/chat/completions", json=body)
         assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
         s.stop()  # cancels the two in flight
