@@ -421,18 +421,17 @@ class BatchRunner:
         for work, results in pending:
             work.results = []
             work.saving += len(results)
+        recorded = 0
         try:
             if pending:
                 await self.gateway.ledger.flush()
-            state = self.jobs.state
-            while pending:
-                work, results = pending[0]
-                await state.record_results(work.id, results)
-                pending.pop(0)
+            for work, results in pending:
+                await self.jobs.state.record_results(work.id, results)
+                recorded += 1
                 work.saving -= len(results)
                 await self._release_finished(work, results)
         except BaseException:
-            for work, results in pending:  # not recorded: the next checkpoint tries again
+            for work, results in pending[recorded:]:  # the next checkpoint tries again
                 work.results[:0] = results
                 work.saving -= len(results)
             raise

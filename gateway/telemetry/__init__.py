@@ -1,6 +1,6 @@
 """Telemetry: request tracing (OpenTelemetry), Prometheus metrics, JSON-lines logs.
 
-Three independent objects, each made once per worker by the app factory and passed in:
+Independent objects, each made once per worker by the app factory and passed in:
 
 * :class:`RequestTracing` - ``start(headers, ctx)`` per request returns a span (a shared no-op
   unless sampled); see :mod:`gateway.telemetry.tracing`.
@@ -8,7 +8,7 @@ Three independent objects, each made once per worker by the app factory and pass
 * :class:`AccessLog` from :func:`setup_logging` - ``access_log(ctx, usage)`` per request;
   :func:`get_logger` for events.
 * :class:`FinishedRequests` - the proxy's one call per finished request; hands requests to the
-  metrics and the access log in batches (``write_many`` / ``observe_many``).
+  metrics and the access log in batches (``Metrics.observe_one``, ``AccessLog.line`` / ``emit``).
 
 Telemetry reads the request context and usage (:mod:`gateway.telemetry.types`) and knows no
 business rule. The OpenTelemetry SDK is imported only when tracing is on.

@@ -63,10 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help=f"JSON result file ({DEFAULT_OUT})"
     )
-    p.add_argument("--log-sink", choices=("pipe", "file"), default="pipe",
-                   help="the gateway's output: 'pipe' (default) to a log shim on the client core "
-                   "that appends it to the log file, as a container runtime's shim does; "
-                   "'file' straight into the file (its file system cost on the proxy core)")
+    gateway.add_log_sink_option(p)
     p.add_argument("--strict", action="store_true", help="exit 1 if a target fails")
     p.add_argument("--keep-temp", action="store_true", help="keep the temp dir (configs, logs)")
     args = p.parse_args(argv)

@@ -70,10 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--proxy-cpu", default="0")
     p.add_argument("--client-cpu", default="1")
     p.add_argument("--backend-cpu", default="1")
-    p.add_argument("--log-sink", choices=("pipe", "file"), default="pipe",
-                   help="the gateway's output: 'pipe' (default) to a log shim on the client core "
-                   "that appends it to the log file, as a container runtime's shim does; "
-                   "'file' straight into the file (its file system cost on the proxy core)")
+    gateway.add_log_sink_option(p)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     if args.pairs < 1 or args.duration < 1:

@@ -6,6 +6,7 @@ config: the fixture backend serves one response per port, and the gateway has on
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import secrets
 import shlex
@@ -84,6 +85,15 @@ def command(template: str, *, config: Path, port: int, backend_port: int) -> lis
         "backend_port": str(backend_port),
     }
     return [w.format(**fields) for w in words]
+
+
+def add_log_sink_option(parser: argparse.ArgumentParser) -> None:
+    """``--log-sink pipe|file``, shared by the overhead tool and the A/B tool."""
+    parser.add_argument(
+        "--log-sink", choices=("pipe", "file"), default="pipe",
+        help="the gateway's output: 'pipe' (default) to a log shim on the client core that "
+        "appends it to the log file, as a container runtime's shim does; 'file' straight "
+        "into the file (its file system cost on the proxy core)")
 
 
 def start(

@@ -104,24 +104,17 @@ class ProcessSet:
         """Start ``cmd`` with its output appended to ``log``.
 
         With ``log_shim``, the output goes through a pipe to a ``cat`` (pinned to
-        ``shim_cpus`` if given), which
-        appends it to ``log``: what a container runtime does (the process writes to a pipe,
-        a shim of the runtime writes the file), so the file system's cost lands on the shim's
-        core rather than on the process under test.
+        ``shim_cpus`` if given) that appends it to ``log``: what a container runtime does
+        (the process writes to a pipe, a shim of the runtime writes the file), so the file
+        system's cost lands on the shim's core rather than on the process under test.
         """
         with log.open("ab") as out:
             # A new session keeps Ctrl-C away from the children: we stop them in order.
-            if not log_shim:
-                proc = subprocess.Popen(
-                    list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            else:
-                proc = subprocess.Popen(
-                    list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True,
-                )
-                assert proc.stdout is not None
+            proc = subprocess.Popen(
+                list(cmd), stdout=subprocess.PIPE if log_shim else out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+            if proc.stdout is not None:
                 # ends by itself at EOF, when the process (the pipe's only writer) exits
                 subprocess.Popen(pinned(["cat"], shim_cpus), stdin=proc.stdout, stdout=out,
                                  start_new_session=True)
