@@ -111,11 +111,7 @@ async def create_key(
         raise KeyAdminError(f"unknown tenant {tenant!r} (declare it under tenants: in the policy)")
     if default_class is not None and default_class not in {c.name for c in policy.classes}:
         raise KeyAdminError(f"unknown class {default_class!r}")
-    for name, value in (limits or {}).items():
-        if name not in LIMIT_NAMES or not isinstance(value, int) or value < 0:
-            raise KeyAdminError(
-                f"limit {name}={value!r}: use {', '.join(LIMIT_NAMES)} with whole numbers >= 0"
-            )
+    _check_limits(limits)
     if expires is not None and expires <= time.time():
         raise KeyAdminError("the expiry is in the past")
     key_id, key = new_managed_key()
@@ -126,6 +122,20 @@ async def create_key(
     )
     await store.put(record)
     return record, key
+
+
+def _check_limits(limits: dict[str, int] | None) -> None:
+    """Refuse unknown limit names and values that are not whole numbers >= 0.
+
+    Its own function so that its loop variables cannot shadow ``create_key``'s parameters (a
+    loop over ``name, value`` once overwrote the key's ``name`` with the last limit's name).
+    """
+    for limit, value in (limits or {}).items():
+        if (limit not in LIMIT_NAMES or not isinstance(value, int) or isinstance(value, bool)
+                or value < 0):
+            raise KeyAdminError(
+                f"limit {limit}={value!r}: use {', '.join(LIMIT_NAMES)} with whole numbers >= 0"
+            )
 
 
 def public_view(record: KeyRecord) -> dict[str, Any]:
