@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, cast
 from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
-from gateway.api.admin import admin_handlers, check_admin, reload_logged
+from gateway.api.admin import admin_gate, admin_handlers, is_admin_path, reload_logged
+from gateway.api.asgi import send_error
 from gateway.api.batches import batch_handlers, line_executor
 from gateway.api.files import file_handlers
 from gateway.api.health import Readiness
@@ -120,10 +121,17 @@ class GatewayApp(Litestar):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
         if scope["type"] == "http":
-            handler = self.fast_routes.get(scope["path"])
+            path = scope["path"]
+            handler = self.fast_routes.get(path)
             if handler is not None:
                 await handler(scope, receive, send)  # answers its own errors, 500 included
                 return
+            if is_admin_path(path):  # one gate for the whole admin tree, before routing
+                refused = admin_gate(scope)
+                if refused is not None:
+                    await send_error(send, refused, [(b"x-request-id",
+                                                      request_id_for(scope).encode())])
+                    return
         await super().__call__(scope, receive, send)  # type: ignore[arg-type]
 
 
@@ -193,7 +201,7 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
         return Response(body, media_type=content_type)
 
     handlers += [healthz, readyz, metrics, *admin_handlers(gateway),
-                 *usage_handlers(gateway, check_admin)]
+                 *usage_handlers(gateway)]
     app = GatewayApp(
         route_handlers=handlers,
         lifespan=[lifespan],

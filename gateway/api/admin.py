@@ -1,7 +1,11 @@
 """The admin API under ``/admin``: its own credential, disabled when none is configured.
 
 The credential is read from ``GATEWAY_ADMIN_TOKEN``; with it unset every admin route answers 404
-as if it did not exist. Every admin action is logged with its outcome.
+as if it did not exist, and a wrong credential gets 401. The check is one gate in front of the
+whole ``/admin`` tree (:func:`admin_gate`, called by the app before the framework routes the
+request), not a call in each handler: a handler's parameter validation, body parsing or 405
+would otherwise answer first and tell an unauthenticated caller which admin routes exist and
+what they take. Every admin action is logged with its outcome.
 """
 
 from __future__ import annotations
@@ -13,17 +17,22 @@ from typing import TYPE_CHECKING, Any
 
 from litestar import Request, Response, get, post
 
+from gateway.api.asgi import get_header
 from gateway.auth.manage import KeyAdminError, create_key, parse_expiry, public_view
 from gateway.config import PolicyError
 from gateway.errors import AuthenticationFailed, InvalidRequest, RouteNotFound
 
 if TYPE_CHECKING:
     from gateway.auth.keystore import KeyStore
+    from gateway.errors import GatewayError
     from gateway.runtime import Gateway
+    from gateway.types import Scope
 
-__all__ = ["ADMIN_TOKEN_ENV", "admin_handlers", "check_admin", "reload_logged"]
+__all__ = ["ADMIN_PREFIX", "ADMIN_TOKEN_ENV", "admin_gate", "admin_handlers", "is_admin_path",
+           "reload_logged"]
 
 ADMIN_TOKEN_ENV = "GATEWAY_ADMIN_TOKEN"
+ADMIN_PREFIX = "/admin"
 _log = logging.getLogger("gateway.admin")
 
 
@@ -46,29 +55,37 @@ async def reload_logged(gateway: Gateway, trigger: str) -> dict[str, Any]:
     }
 
 
-def check_admin(request: Request[Any, Any, Any]) -> None:
+def is_admin_path(path: str) -> bool:
+    """``/admin`` and everything under it (not ``/administrator``)."""
+    return path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/")
+
+
+def admin_gate(scope: Scope) -> GatewayError | None:
+    """The error an admin request gets before anything else looks at it, or None to let it in.
+
+    No token configured: 404, the same answer as an unknown route, whatever the method,
+    parameters or body. A token configured but not sent exactly: 401.
+    """
     token = os.environ.get(ADMIN_TOKEN_ENV)
     if not token:
-        raise RouteNotFound(f"Unknown route: {request.method} {request.url.path}")
-    sent = request.headers.get("authorization", "")
-    expected = f"Bearer {token}"
-    if not hmac.compare_digest(sent.encode(), expected.encode()):
-        _log.warning("admin call to %s refused: bad credential", request.url.path)
-        raise AuthenticationFailed("Invalid admin credential.")
+        return RouteNotFound(f"Unknown route: {scope.get('method', '')} {scope['path']}")
+    sent = get_header(scope, b"authorization") or b""
+    if not hmac.compare_digest(sent, f"Bearer {token}".encode()):
+        _log.warning("admin call to %s refused: bad credential", scope["path"])
+        return AuthenticationFailed("Invalid admin credential.")
+    return None
 
 
 def admin_handlers(gateway: Gateway) -> list[Any]:
     """Route handlers of the admin API, bound to one gateway."""
 
     @post("/admin/reload", status_code=200)
-    async def reload(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
-        check_admin(request)
+    async def reload() -> Response[dict[str, Any]]:
         result = await reload_logged(gateway, "POST /admin/reload")
         return Response(result, status_code=200 if result["reloaded"] else 422)
 
     @post("/admin/stats", status_code=200)
-    async def stats(request: Request[Any, Any, Any]) -> dict[str, Any]:
-        check_admin(request)
+    async def stats() -> dict[str, Any]:
         router = gateway.runtime.router
         return {
             "pools": {
@@ -93,7 +110,6 @@ def admin_handlers(gateway: Gateway) -> list[Any]:
 
     @post("/admin/keys", status_code=201)
     async def create(request: Request[Any, Any, Any]) -> dict[str, Any]:
-        check_admin(request)
         store = _store(gateway)
         body = await request.json()
         if not isinstance(body, dict) or not isinstance(body.get("tenant"), str):
@@ -112,15 +128,12 @@ def admin_handlers(gateway: Gateway) -> list[Any]:
         return {**public_view(record), "key": key}
 
     @get("/admin/keys")
-    async def list_keys(request: Request[Any, Any, Any], tenant: str | None = None
-                        ) -> list[dict[str, Any]]:
-        check_admin(request)
+    async def list_keys(tenant: str | None = None) -> list[dict[str, Any]]:
         _log.info("admin: keys listed (tenant=%s)", tenant)
         return [public_view(r) for r in await _store(gateway).list(tenant)]
 
     @post("/admin/keys/{key_id:str}/revoke", status_code=200)
-    async def revoke(request: Request[Any, Any, Any], key_id: str) -> dict[str, Any]:
-        check_admin(request)
+    async def revoke(key_id: str) -> dict[str, Any]:
         record = await _store(gateway).revoke(key_id)
         if record is None:
             raise RouteNotFound(f"no key with id {key_id!r}")

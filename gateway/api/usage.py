@@ -42,8 +42,10 @@ def _rows(rows: list[UsageRow]) -> dict[str, Any]:
     return {"object": "list", "data": msgspec.to_builtins(rows)}
 
 
-def usage_handlers(gateway: Gateway, check_admin: Any) -> list[Any]:
-    """Route handlers bound to one gateway (``check_admin`` guards the admin route)."""
+def usage_handlers(gateway: Gateway) -> list[Any]:
+    """Route handlers bound to one gateway. The ``/admin/usage`` ones are guarded by the app's
+    admin gate (:func:`gateway.api.admin.admin_gate`) before they are routed, so an
+    unauthenticated caller never reaches their parameter validation."""
 
     @get("/v1/usage")
     async def own_usage(request: Request[Any, Any, Any], start: str | None = None,
@@ -62,10 +64,9 @@ def usage_handlers(gateway: Gateway, check_admin: Any) -> list[Any]:
         return {"tenant": identity.tenant, **_rows(rows)}
 
     @get("/admin/usage")
-    async def all_usage(request: Request[Any, Any, Any], start: str | None = None,
-                        end: str | None = None, group_by: str | None = None,
-                        tenant: str | None = None) -> dict[str, Any]:
-        check_admin(request)
+    async def all_usage(start: str | None = None, end: str | None = None,
+                        group_by: str | None = None, tenant: str | None = None
+                        ) -> dict[str, Any]:
         group = _group(group_by)
         try:
             if tenant:
@@ -79,18 +80,15 @@ def usage_handlers(gateway: Gateway, check_admin: Any) -> list[Any]:
         return _rows(rows)
 
     @get("/admin/usage/export")
-    async def export(request: Request[Any, Any, Any], start_ms: int, end_ms: int,
-                     tenant: str | None = None, format: str = "jsonl") -> Stream:
-        check_admin(request)
+    async def export(start_ms: int, end_ms: int, tenant: str | None = None,
+                     format: str = "jsonl") -> Stream:
         records = gateway.ledger.export(start_ms, end_ms, tenant)
         if format == "csv":
             return Stream(stream_csv(records), media_type="text/csv")
         return Stream(stream_jsonl(records), media_type="application/x-ndjson")
 
     @get("/admin/usage/reconcile")
-    async def reconcile(request: Request[Any, Any, Any], tenant: str, day: str
-                        ) -> dict[str, Any]:
-        check_admin(request)
+    async def reconcile(tenant: str, day: str) -> dict[str, Any]:
         diffs = await gateway.ledger.reconcile(tenant, day)
         return {"tenant": tenant, "day": day, "consistent": not diffs,
                 "differences": [str(d) for d in diffs]}
