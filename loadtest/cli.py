@@ -26,11 +26,16 @@ from loadtest.replay import ReplayPlan, parse_targets, run_replay
 from loadtest.sweep import SweepPlan, SweepResult, run_sweep
 from loadtest.workload import Workload
 
-__all__ = ["build_parser", "main"]
+__all__ = ["UsageError", "build_parser", "main"]
 
 T = TypeVar("T")
 EXAMPLE_SWEEP = Path(__file__).parent / "docs" / "example-sweep.json"
 DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+class UsageError(Exception):
+    """What the user must change (a missing key, an unreachable URL): one line and exit 2,
+    never a traceback."""
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -373,11 +378,28 @@ def build_parser() -> argparse.ArgumentParser:
 async def _target(url: str, model: str | None, key: str | None, label: str) -> Target:
     key = key or os.environ.get("OPENAI_API_KEY") or None
     if not model:
-        models = await list_models(url, key)
-        if not models:
-            raise SystemExit(f"{base_url(url)}/v1/models lists no models; pass --model")
-        model = models[0]
+        model = await _first_model(url, key)
     return Target(url=url, model=model, api_key=key, label=label)
+
+
+async def _first_model(url: str, key: str | None) -> str:
+    """The default ``--model``: the first one ``GET /v1/models`` lists, or a UsageError that
+    says what to pass instead."""
+    import aiohttp
+
+    where = f"{base_url(url)}/v1/models"
+    try:
+        models = await list_models(url, key)
+    except aiohttp.ClientResponseError as exc:
+        hint = ("pass --api-key or set OPENAI_API_KEY" if exc.status in (401, 403)
+                else "pass --model")
+        raise UsageError(f"GET {where} answered {exc.status} {exc.message}: {hint}") from None
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise UsageError(f"GET {where} failed ({type(exc).__name__}: {exc}); check --url or "
+                         "pass --model") from None
+    if not models:
+        raise UsageError(f"{where} lists no models; pass --model")
+    return models[0]
 
 
 def _workload(a: argparse.Namespace) -> Workload:
@@ -520,7 +542,7 @@ def cost_inputs(a: argparse.Namespace) -> CostInputs:
     if a.example:
         return dataclasses.replace(EXAMPLE, **given)
     if "hardware_per_hour" not in given:
-        raise SystemExit("cost: --hardware-per-hour is required (or use --example)")
+        raise UsageError("--hardware-per-hour is required (or use --example)")
     return CostInputs(**given)
 
 
@@ -529,7 +551,7 @@ def cmd_cost(a: argparse.Namespace) -> int:
 
     path = a.sweep or (str(EXAMPLE_SWEEP) if a.example else None)
     if path is None:
-        raise SystemExit("cost: --sweep FILE is required (or use --example)")
+        raise UsageError("--sweep FILE is required (or use --example)")
     data = json.loads(Path(path).read_text())
     if data.get("kind") == "compare":
         data = data["b"]
@@ -549,7 +571,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
     rows = read_trace(a.trace, start=a.start, limit=a.limit, window_s=a.window)
     if not rows:
-        raise SystemExit(f"{a.trace}: no rows selected")
+        raise UsageError(f"{a.trace}: no rows selected")
     plan = ReplayPlan(
         speedup=a.speedup,
         max_output=a.max_output,
@@ -631,6 +653,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
+    except UsageError as exc:
+        print(f"loadtest {args.command}: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -26,7 +27,11 @@ if TYPE_CHECKING:
     from loadtest.soak import SoakResult
     from loadtest.sweep import SweepResult
 
-__all__ = ["plot_replay", "plot_soak", "plot_sweeps"]
+__all__ = ["LOG_SPAN", "latency_figure", "plot_replay", "plot_soak", "plot_sweeps"]
+
+#: a latency axis goes logarithmic only when its data spans at least this factor; below it a
+#: log axis shows one or two labelled ticks (6.5-11.5 ms showed only "10")
+LOG_SPAN = 10.0
 
 _DPI = 90
 _PLAIN = FuncFormatter(lambda y, _pos: f"{y:g}")
@@ -38,6 +43,17 @@ def _log_y(ax: Axes) -> None:
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(_PLAIN)
     ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _value_y(ax: Axes, values: list[float | None]) -> None:
+    """Log scale for data spanning >= :data:`LOG_SPAN`, else linear with 4-8 labelled ticks."""
+    finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if finite and max(finite) / min(finite) >= LOG_SPAN:
+        _log_y(ax)
+        return
+    ax.set_yscale("linear")
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=7, steps=[1, 2, 2.5, 5, 10], min_n_ticks=4))
+    ax.yaxis.set_major_formatter(_PLAIN)
 
 
 _STYLES = {"p50": "-", "p95": "--", "p99": ":"}
@@ -99,24 +115,36 @@ def plot_sweeps(sweeps: list[SweepResult], out_dir: str | Path) -> list[Path]:
     ax.legend(loc="lower right")
     paths.append(_save(fig, out / "throughput.png"))
 
-    for key, title, unit in (
-        ("ttft_ms", "Time to first token", "TTFT (ms)"),
-        ("tpot_ms", "Time per output token", "TPOT (ms)"),
-    ):
-        fig, ax = plt.subplots(figsize=(7, 4.2))
-        for i, s in enumerate(sweeps):
-            color = f"C{i}"
-            xs = [lv.concurrency for lv in s.levels]
-            for p, style in _STYLES.items():
-                ys = [getattr(lv.summary, key).get(p) for lv in s.levels]
-                ax.plot(xs, ys, linestyle=style, marker=".", color=color, label=f"{_label(s)} {p}")
-        _conc_axis(ax, levels)
-        ax.set_ylabel(unit)
-        _log_y(ax)
-        ax.set_title(f"{title} percentiles vs concurrency")
-        ax.legend(loc="upper left", fontsize="small")
+    for key in ("ttft_ms", "tpot_ms"):
+        fig = latency_figure(sweeps, key)
         paths.append(_save(fig, out / f"{key.split('_')[0]}.png"))
     return paths
+
+
+_LATENCY = {"ttft_ms": ("Time to first token", "TTFT (ms)"),
+            "tpot_ms": ("Time per output token", "TPOT (ms)")}
+
+
+def latency_figure(sweeps: list[SweepResult], key: str) -> Figure:
+    """p50/p95/p99 of ``key`` (``ttft_ms`` or ``tpot_ms``) vs concurrency, one colour per
+    sweep; the y axis is linear unless the data spans :data:`LOG_SPAN` or more."""
+    title, unit = _LATENCY[key]
+    levels = sorted({lv.concurrency for s in sweeps for lv in s.levels})
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    values: list[float | None] = []
+    for i, s in enumerate(sweeps):
+        color = f"C{i}"
+        xs = [lv.concurrency for lv in s.levels]
+        for p, style in _STYLES.items():
+            ys = [getattr(lv.summary, key).get(p) for lv in s.levels]
+            values += ys
+            ax.plot(xs, ys, linestyle=style, marker=".", color=color, label=f"{_label(s)} {p}")
+    _conc_axis(ax, levels)
+    ax.set_ylabel(unit)
+    _value_y(ax, values)
+    ax.set_title(f"{title} percentiles vs concurrency")
+    ax.legend(loc="upper left", fontsize="small")
+    return fig
 
 
 def plot_replay(result: ReplayResult, out_dir: str | Path) -> Path:
