@@ -13,6 +13,7 @@ from gateway.quota.base import (
     Decision,
     QuotaRequest,
     QuotaStore,
+    RateLimitState,
     Reservation,
     Usage,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "QuotaStoreError",
     "QuotaTimeout",
     "QuotaUnavailable",
+    "RateLimitState",
     "RedisQuotaStore",
     "Reservation",
     "Scope",

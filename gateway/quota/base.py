@@ -42,6 +42,7 @@ __all__ = [
     "Origin",
     "QuotaRequest",
     "QuotaStore",
+    "RateLimitState",
     "Reservation",
     "Usage",
 ]
@@ -110,12 +111,49 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
         return self.lease_ttl / 3.0
 
 
+class RateLimitState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The figures of the ``x-ratelimit-*`` headers, from the tightest scope of one request.
+
+    Requests: among the scopes that set ``rpm``, the one with the fewest requests left (ties go
+    to the first scope of the request, i.e. tenant before key before model). Tokens: likewise
+    among the token-unit scopes that set ``tpm`` (a cost scope's ``tpm`` counts money, not
+    tokens). The two may come from different scopes. ``limit_*`` is None when no scope sets
+    that limit, and then the ``*_requests`` (or ``*_tokens``) trio means nothing.
+
+    ``remaining_*`` is what is left after this request was counted (its estimate, for tokens),
+    never negative; on a refusal it is what is left as things stand (nothing was reserved), so
+    the limit that refused shows 0 (or fewer tokens than the request's estimate).
+
+    ``reset_*_s`` is the seconds until the oldest entry of that scope's rolling window leaves
+    it: the time until ``remaining_*`` next grows. When remaining is 0 that is when one more
+    request fits (for ``rpm`` it equals the refusal's ``retry_after``). A window that holds
+    nothing gives 0; a limit of 0 never frees and gives the window length. This is not
+    OpenAI's "time until the limit is back to its initial state": in a rolling log that is
+    always a full window after the request just counted, which tells a client nothing, while
+    the time until the next slot frees is what a client pacing itself needs.
+
+    A plain struct with no cycles (``gc=False``): every admitted request builds one.
+    """
+
+    limit_requests: int | None = None
+    remaining_requests: int = 0
+    reset_requests_s: float = 0.0
+    limit_tokens: int | None = None
+    remaining_tokens: int = 0
+    reset_tokens_s: float = 0.0
+
+
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """The answer to ``reserve``: a reservation, or the limit that refused and when to retry.
 
     On refusal ``scope``/``limit`` name the binding limit (the one that frees up last, so a
     retry after ``retry_after`` seconds is not refused by another one right away) and nothing
     was reserved in any scope.
+
+    ``ratelimit`` carries the ``x-ratelimit-*`` figures (admitted or refused). It is None when
+    no scope sets ``rpm`` or a token ``tpm``, on an idempotent replay of a request id that
+    already holds a reservation, and when a failover store decided without the shared store
+    (its local figures are this process's share, not the tenant's).
     """
 
     admitted: bool
@@ -123,6 +161,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     scope: str | None = None
     limit: LimitName | None = None
     retry_after: float = 0.0
+    ratelimit: RateLimitState | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

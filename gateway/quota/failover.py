@@ -19,6 +19,8 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Literal
 
+import msgspec
+
 from gateway.quota.base import QuotaRequest, QuotaStore
 from gateway.quota.errors import QuotaUnavailable
 from gateway.quota.limits import Limits, Scope
@@ -117,14 +119,22 @@ class FailoverQuotaStore(QuotaStore):
 
     async def reserve(self, request: QuotaRequest) -> Decision:
         if self._degraded and self._mode == "open":
-            return await self._local.reserve(self._local_request(request))
+            return await self._reserve_locally(request)
         try:
             return await self._primary.reserve(request)
         except QuotaUnavailable as exc:
             self._enter_outage(exc)
             if self._mode == "closed":
                 raise
-        return await self._local.reserve(self._local_request(request))
+        return await self._reserve_locally(request)
+
+    async def _reserve_locally(self, request: QuotaRequest) -> Decision:
+        """Fail-open admission; without ``ratelimit``: the local figures are this process's
+        share of the limits, and a client told them would pace itself on wrong numbers."""
+        decision = await self._local.reserve(self._local_request(request))
+        if decision.ratelimit is None:
+            return decision
+        return msgspec.structs.replace(decision, ratelimit=None)
 
     async def renew(self, reservation: Reservation) -> bool:
         if reservation.origin == "memory":

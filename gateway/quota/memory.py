@@ -12,14 +12,21 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gateway.quota.base import WINDOW, Decision, QuotaStore, Reservation, Usage
+from gateway.quota.base import (
+    WINDOW,
+    Decision,
+    QuotaStore,
+    RateLimitState,
+    Reservation,
+    Usage,
+)
 from gateway.quota.limits import period_ids, seconds_to_next_day, seconds_to_next_month
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gateway.quota.base import QuotaRequest
-    from gateway.quota.limits import LimitName, Limits
+    from gateway.quota.limits import LimitName, Limits, Scope
 
 __all__ = ["RECORD_TTL", "MemoryQuotaStore"]
 
@@ -109,10 +116,14 @@ class MemoryQuotaStore(QuotaStore):
         if existing is not None and existing.expires > now:
             return Decision(admitted=True, reservation=existing.reservation)
         states = [self._state(request.tenant, s.name) for s in request.scopes]
-        refusal = self._check(request, states, now)
-        if refusal is not None:
-            return refusal
-        return Decision(admitted=True, reservation=self._apply(request, states, now))
+        worst = self._check(request, states, now)
+        if worst is not None:  # nothing reserved: the figures as they stand
+            return Decision(admitted=False, scope=worst[1], limit=worst[2],
+                            retry_after=worst[0],
+                            ratelimit=self._ratelimit(request.scopes, states, now))
+        reservation = self._apply(request, states, now)
+        return Decision(admitted=True, reservation=reservation,
+                        ratelimit=self._ratelimit(request.scopes, states, now))
 
     async def renew(self, reservation: Reservation) -> bool:
         now = self._clock()
@@ -175,8 +186,10 @@ class MemoryQuotaStore(QuotaStore):
 
     def _check(
         self, request: QuotaRequest, states: list[_ScopeState], now: float
-    ) -> Decision | None:
-        """The refusal with the longest wait among all failing limits, or None if all pass."""
+    ) -> tuple[float, str, LimitName] | None:
+        """The failing limit with the longest wait (seconds, scope, limit), or None if all pass.
+
+        Prunes every scope's window on the way, which ``_ratelimit`` relies on."""
         worst: tuple[float, str, LimitName] | None = None
         day, month = period_ids(now)
         for scope, state in zip(request.scopes, states, strict=True):
@@ -185,9 +198,7 @@ class MemoryQuotaStore(QuotaStore):
             for name, wait in failures:
                 if worst is None or wait > worst[0]:
                     worst = (wait, scope.name, name)
-        if worst is None:
-            return None
-        return Decision(admitted=False, scope=worst[1], limit=worst[2], retry_after=worst[0])
+        return worst
 
     def _failures(
         self,
@@ -220,6 +231,47 @@ class MemoryQuotaStore(QuotaStore):
         ):
             out.append(("tokens_per_month", seconds_to_next_month(now)))
         return out
+
+    def _ratelimit(
+        self, scopes: tuple[Scope, ...], states: list[_ScopeState], now: float
+    ) -> RateLimitState | None:
+        """The x-ratelimit figures of the tightest scopes (see ``RateLimitState``), from
+        windows already pruned: fewest left wins, the first scope on a tie, as in Lua."""
+        rpm: int | None = None
+        tpm: int | None = None
+        rpm_left = tpm_left = 0
+        rpm_log: deque[tuple[float, str]] | None = None
+        tpm_log: deque[tuple[float, str]] | None = None
+        for scope, state in zip(scopes, states, strict=True):
+            limits = scope.limits
+            if limits.rpm is not None:
+                left = limits.rpm - len(state.rpm_log)
+                if rpm is None or left < rpm_left:
+                    rpm, rpm_left, rpm_log = limits.rpm, left, state.rpm_log
+            if limits.tpm is not None and scope.unit == "tokens":
+                left = limits.tpm - state.tpm_total
+                if tpm is None or left < tpm_left:
+                    tpm, tpm_left, tpm_log = limits.tpm, left, state.tpm_log
+        if rpm is None and tpm is None:
+            return None
+        return RateLimitState(
+            limit_requests=rpm,
+            remaining_requests=max(0, rpm_left),
+            reset_requests_s=self._reset(rpm, rpm_log, now),
+            limit_tokens=tpm,
+            remaining_tokens=max(0, tpm_left),
+            reset_tokens_s=self._reset(tpm, tpm_log, now),
+        )
+
+    def _reset(self, limit: int | None, log: deque[tuple[float, str]] | None, now: float
+               ) -> float:
+        """Seconds until the oldest entry of ``log`` leaves the window: 0 for an empty window
+        or an unset limit, the whole window for a limit of 0 (it never frees)."""
+        if limit == 0:
+            return self._window
+        if limit is None or not log:
+            return 0.0
+        return max(0.0, log[0][0] + self._window - now)
 
     def _rpm_wait(self, state: _ScopeState, rpm: int, now: float) -> float:
         """When enough admissions leave the window for one more to fit."""

@@ -39,7 +39,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from gateway.backoff import Backoff
-from gateway.quota.base import WINDOW, Decision, QuotaStore, Reservation, Usage
+from gateway.quota.base import (
+    WINDOW,
+    Decision,
+    QuotaStore,
+    RateLimitState,
+    Reservation,
+    Usage,
+)
 from gateway.quota.errors import (
     QuotaBackingOff,
     QuotaConnectError,
@@ -146,6 +153,22 @@ def _wire(scopes: tuple[Scope, ...]) -> str:
         "".join(f"{-1 if v is None else v}," for v in s.limits.values())
         + ("1," if s.unit == "cost" else "0,")
         for s in scopes
+    )
+
+
+def _ratelimit(reply: list[int], at: int) -> RateLimitState | None:
+    """The x-ratelimit figures at ``reply[at:at + 6]`` (``scripts.py``: limit -1 = unset;
+    resets in microseconds); None when no scope sets rpm or a token tpm."""
+    requests, tokens = reply[at], reply[at + 3]
+    if requests < 0 and tokens < 0:
+        return None
+    return RateLimitState(
+        limit_requests=requests if requests >= 0 else None,
+        remaining_requests=reply[at + 1],
+        reset_requests_s=reply[at + 2] / 1e6,
+        limit_tokens=tokens if tokens >= 0 else None,
+        remaining_tokens=reply[at + 4],
+        reset_tokens_s=reply[at + 5] / 1e6,
     )
 
 
@@ -300,6 +323,7 @@ class RedisQuotaStore(QuotaStore):
                 scope=scopes[int(reply[1]) - 1].name,
                 limit=LIMIT_NAMES[int(reply[2]) - 1],
                 retry_after=max(0, int(reply[3])) / 1e6,
+                ratelimit=_ratelimit(reply, 4),
             )
         reservation = Reservation(
             request_id=request.request_id,
@@ -311,7 +335,9 @@ class RedisQuotaStore(QuotaStore):
             origin="redis",
             estimated_cost=request.estimated_cost,
         )
-        return Decision(admitted=True, reservation=reservation)
+        # a replay of a live reservation ({2, ...}) carries no figures
+        return Decision(admitted=True, reservation=reservation,
+                        ratelimit=_ratelimit(reply, 3) if reply[0] == 1 else None)
 
     async def renew(self, reservation: Reservation) -> bool:
         keys = self._keys(reservation.tenant, reservation.request_id, reservation.scopes)

@@ -11,9 +11,13 @@ Wire format (``-1`` = limit unset; five limits per scope in ``LIMIT_NAMES`` orde
                                                 record_ttl_ms, limits ("r,t,c,d,m,u," per
                                                 scope, u = unit 0 tokens / 1 cost),
                                                 estimated cost
-            -> {1, now_us, lease_expiry_us}            admitted
-               {2, now_us, lease_expiry_us}            already reserved (same request id)
-               {0, scope index, limit code, wait_us}   refused (codes 1..5 = LIMIT_NAMES)
+            -> {1, now_us, lease_expiry_us, RL...}            admitted
+               {2, now_us, lease_expiry_us}                   already reserved (same id)
+               {0, scope index, limit code, wait_us, RL...}   refused (codes 1..5 =
+                                                              LIMIT_NAMES)
+            RL = rpm limit, requests left, reset_us, tpm limit, tokens left, reset_us: the
+            x-ratelimit figures of the tightest scopes (``RateLimitState`` in ``base.py``;
+            limit -1 = no scope sets it), after this request when admitted
     SETTLE  KEYS: record, scope base...   ARGV: rid, actual tokens, window_us,
                                                 actual cost (-1 = keep the estimate) -> 1 | 0
     RENEW   KEYS: record, scope base...   ARGV: rid, lease_us, record_ttl_ms    -> 1 | 0
@@ -104,6 +108,20 @@ end
 RESERVE = (
     _COMMON
     + """
+-- us until the oldest entry of a window leaves it (remaining grows then): 0 for an empty
+-- window or an unset limit (-1), the whole window for a limit of 0 (it never frees)
+local function reset_us(limit, first, now, window)
+  if limit == 0 then return window end
+  if limit < 0 or not first then return 0 end
+  return math.max(0, first + window - now)
+end
+
+local function oldest(k)
+  local e = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+  if #e > 0 then return tonumber(e[2]) end
+  return nil
+end
+
 local rid = ARGV[1]
 local est = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
@@ -127,6 +145,9 @@ local units = {}
 local day_id, month_id, next_day, next_month = periods(sec, now)
 local cutoff = now - window
 local worst_wait, worst_scope, worst_limit = -1, 0, 0
+-- the tightest scope for the x-ratelimit figures: fewest left, the first on a tie (every
+-- scope gets the same +1 request / +est tokens, so the choice holds after reserving too)
+local rq_i, rq_left, rq_lim, tk_i, tk_left, tk_lim = 0, 0, -1, 0, 0, -1
 local function consider(wait, i, code)
   if wait > worst_wait then worst_wait, worst_scope, worst_limit = wait, i, code end
 end
@@ -141,6 +162,7 @@ for i = 1, n do
     local k = base .. ':rpm'
     redis.call('ZREMRANGEBYSCORE', k, '-inf', cutoff)
     local c = redis.call('ZCARD', k)
+    if rq_i == 0 or rpm - c < rq_left then rq_i, rq_left, rq_lim = i, rpm - c, rpm end
     if c >= rpm then
       local wait = window
       if rpm > 0 then
@@ -152,6 +174,9 @@ for i = 1, n do
   end
   if tpm >= 0 then
     local total = prune_tpm(base, cutoff)
+    if L[a + 6] == 0 and (tk_i == 0 or tpm - total < tk_left) then
+      tk_i, tk_left, tk_lim = i, tpm - total, tpm
+    end
     if total + est > tpm then
       local wait = window
       local e = redis.call('ZRANGE', base .. ':tpm', 0, RETRY_SCAN - 1, 'WITHSCORES')
@@ -190,8 +215,13 @@ for i = 1, n do
     if used + est > monthb then consider(next_month, i, 5) end
   end
 end
+local rq_first, tk_first
+if rq_i > 0 then rq_first = oldest(KEYS[rq_i + 1] .. ':rpm') end
+if tk_i > 0 then tk_first = oldest(KEYS[tk_i + 1] .. ':tpm') end
 if worst_limit ~= 0 then
-  return {0, worst_scope, worst_limit, worst_wait}
+  return {0, worst_scope, worst_limit, worst_wait,
+          rq_lim, math.max(0, rq_left), reset_us(rq_lim, rq_first, now, window),
+          tk_lim, math.max(0, tk_left), reset_us(tk_lim, tk_first, now, window)}
 end
 
 -- 2. every limit passed: reserve in every scope
@@ -237,7 +267,11 @@ end
 redis.call('HSET', KEYS[1], 'e', est_tokens, 'c', est_cost, 'u', table.concat(units),
            'd', day_id, 'm', month_id, 'x', expiry, 'f', table.concat(flags))
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[5]))
-return {1, now, expiry}
+-- this request is now the newest entry of each window (the oldest of an empty one)
+return {1, now, expiry,
+        rq_lim, math.max(0, rq_left - 1), reset_us(rq_lim, rq_first or now, now, window),
+        tk_lim, math.max(0, tk_left - est_tokens),
+        reset_us(tk_lim, tk_first or now, now, window)}
 """
 )
 
