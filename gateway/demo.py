@@ -2,19 +2,29 @@
 
 No Redis and no policy file: the simulators run as child processes (so they use the other core)
 and the gateway runs in this process on a policy built here, with a fresh demo API key.
+
+The children never outlive the demo. SIGINT, SIGTERM and SIGHUP stop the gateway and then the
+simulators (uvicorn re-raises the signal it caught once it has shut down, which with the default
+SIGTERM disposition killed the demo before it could stop them: orphans holding their ports).
+A demo killed outright (SIGKILL, a crash) takes them along through the kernel: each child asks
+for SIGTERM when its parent dies (``PR_SET_DEATHSIG``, Linux), and runs in a process group of
+its own that the demo signals as a whole.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
+import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -23,7 +33,18 @@ from gateway.auth import new_api_key
 from gateway.config import parse_policy, validate
 from gateway.server import uvicorn_options
 
+if TYPE_CHECKING:
+    from types import FrameType
+
 __all__ = ["demo_policy", "run_demo"]
+
+#: the signals that stop the demo cleanly (SIGKILL is covered by the children's death signal)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PR_SET_DEATHSIG = 1  # from <linux/prctl.h>
+
+
+class _Stop(Exception):
+    """A stop signal arrived before the gateway was serving."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -79,7 +100,18 @@ def demo_policy(interactive_url: str, batch_url: str, key_sha256: str) -> dict[s
     }
 
 
+def _die_with_parent(parent: int) -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux), and exit at once if it
+    already has (the death signal only covers deaths after it is set)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_DEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def _start_sim(profile: str, port: int) -> subprocess.Popen[bytes]:
+    parent = os.getpid()
     return subprocess.Popen(
         [
             sys.executable,
@@ -93,7 +125,42 @@ def _start_sim(profile: str, port: int) -> subprocess.Popen[bytes]:
             "--model",
             "sim-model",
         ],
+        preexec_fn=lambda: _die_with_parent(parent),  # noqa: PLW1509 - no threads yet
+        process_group=0,  # its own group: stopped as a whole, not by the terminal's Ctrl-C
     )
+
+
+def _stop_children(sims: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each child's group, wait, SIGKILL what is left."""
+    for proc in sims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in sims:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+class _Stopper:
+    """The demo's handler of SIGINT, SIGTERM and SIGHUP: before the gateway serves, interrupt
+    start-up (the ``finally`` stops the children); once it serves, ask uvicorn to shut down.
+    Installed again after uvicorn's own run restores it, so a signal uvicorn re-raises at the
+    end lands here and does nothing more."""
+
+    def __init__(self) -> None:
+        self.server: uvicorn.Server | None = None
+
+    def install(self) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self)
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.server is None:
+            raise _Stop
+        self.server.should_exit = True
 
 
 def _wait_healthy(url: str, timeout: float = 20.0) -> None:
@@ -136,8 +203,10 @@ Ctrl-C stops the demo.
 
 
 def run_demo(host: str, port: int) -> int:
-    """Run until Ctrl-C; returns the exit status."""
+    """Run until Ctrl-C, SIGTERM or SIGHUP; returns the exit status."""
     sims: list[subprocess.Popen[bytes]] = []
+    stopper = _Stopper()
+    stopper.install()
     try:
         ports = {"interactive": free_port(), "batch": free_port()}
         for profile, sim_port in ports.items():
@@ -159,17 +228,14 @@ def run_demo(host: str, port: int) -> int:
             port=port,
             **uvicorn_options(policy.server.drain_timeout, policy.server.http_protocol),  # type: ignore[arg-type]
         )
-        server = uvicorn.Server(config)
+        server = stopper.server = uvicorn.Server(config)
         shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         print(_banner(f"http://{shown}:{port}", key), flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             server.run()
         return 0
+    except _Stop:
+        return 0
     finally:
-        for proc in sims:
-            proc.terminate()
-        for proc in sims:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stopper.install()  # a second signal while the children stop must not cut it short
+        _stop_children(sims)

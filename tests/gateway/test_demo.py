@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import openai
+import pytest
 
 from tests.helpers import REPO, free_port, wait_http
 
@@ -42,3 +46,73 @@ def test_demo_serves_and_stops() -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (from /proc, Linux)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _port_of(pid: int) -> int:
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return int(args[args.index(b"--port") + 1])
+
+
+def _port_free(port: int) -> bool:
+    """A server could listen on ``port`` again (SO_REUSEADDR, as servers bind: connections of
+    the dead engine still in TIME_WAIT do not hold it, a live listener does)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL],
+                         ids=lambda s: signal.Signals(s).name)
+def test_demo_children_never_outlive_it(sig: int) -> None:
+    """However the demo is stopped (a process manager's SIGTERM, Ctrl-C, a closed terminal's
+    SIGHUP, or SIGKILL), its simulated engines stop too and their ports are free again."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "demo", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+    )
+    sims: list[int] = []
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz", timeout=60, proc=proc)
+        sims = _children(proc.pid)
+        assert len(sims) == 2, sims
+        ports = [_port_of(p) for p in sims]
+        proc.send_signal(sig)
+        code = proc.wait(timeout=60)
+        assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 0)
+        deadline = time.monotonic() + 60
+        while any(_alive(p) for p in sims) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [p for p in sims if _alive(p)] == []
+        deadline = time.monotonic() + 30
+        while not all(_port_free(p) for p in ports) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [p for p in ports if not _port_free(p)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in sims:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
