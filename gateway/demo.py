@@ -125,7 +125,7 @@ def _start_sim(profile: str, port: int) -> subprocess.Popen[bytes]:
             "--model",
             "sim-model",
         ],
-        preexec_fn=lambda: _die_with_parent(parent),  # noqa: PLW1509 - no threads yet
+        preexec_fn=lambda: _die_with_parent(parent),  # safe: no threads run yet
         process_group=0,  # its own group: stopped as a whole, not by the terminal's Ctrl-C
     )
 
