@@ -197,3 +197,23 @@ async def test_settle_during_a_stall_is_replayed_once(own_redis: RedisProc, tena
         assert not await store.settle(decision.reservation, 250)
     finally:
         await store.aclose()
+
+
+async def test_fail_open_local_decisions_carry_no_ratelimit(own_redis: RedisProc,
+                                                            tenant: str) -> None:
+    """Redis decides: the x-ratelimit figures are the tenant's. Redis away (fail-open): the
+    local decisions, admitted or refused, carry none (they are this process's share)."""
+    store = failover(own_redis.url, "open", [])
+    try:
+        decision = await store.reserve(request(tenant))
+        assert decision.ratelimit is not None
+        assert (decision.ratelimit.limit_requests, decision.ratelimit.remaining_requests) == (
+            10, 9)
+        own_redis.kill()
+        decisions = [await store.reserve(request(tenant)) for _ in range(8)]
+        assert store.degraded
+        assert {d.admitted for d in decisions} == {True, False}  # 5 local admissions, then 429
+        assert all(d.ratelimit is None for d in decisions)
+        assert all(d.reservation is None or d.reservation.origin == "memory" for d in decisions)
+    finally:
+        await store.aclose()
