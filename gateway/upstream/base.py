@@ -6,6 +6,7 @@ Two implementations: :mod:`gateway.upstream.h1` (the default, a lean HTTP/1.1 cl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -14,7 +15,33 @@ if TYPE_CHECKING:
     from gateway.config import Timeouts
     from gateway.types import RawHeaders
 
-__all__ = ["UpstreamClient", "UpstreamResponse", "make_upstream"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "ResponseLimits",
+    "UpstreamClient",
+    "UpstreamResponse",
+    "make_upstream",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseLimits:
+    """Caps on what a backend may send, so one bad backend cannot exhaust a worker's memory.
+
+    Over a cap, a response is :class:`~gateway.upstream.errors.UpstreamResponseTooLarge` and its
+    connection is closed. Streams (``chunks()``) are not capped in size: they are bounded by the
+    idle and total timeouts instead.
+    """
+
+    #: bytes of status line and headers (interim 1xx responses included)
+    max_head: int = 64 * 1024
+    #: header lines in one response head
+    max_headers: int = 128
+    #: bytes of a body read whole (``read()``)
+    max_body: int = 64 * 1024 * 1024
+
+
+DEFAULT_LIMITS = ResponseLimits()
 
 
 class UpstreamResponse(Protocol):
@@ -32,12 +59,18 @@ class UpstreamResponse(Protocol):
 
     @property
     def is_stream(self) -> bool:
-        """Relay chunk by chunk: an event stream, or a body of unknown length."""
+        """Relay chunk by chunk: the backend answered ``text/event-stream``.
+
+        Any other body, chunked or close-delimited included, is read whole with ``read()``
+        (capped by ``ResponseLimits.max_body``), so a body that breaks midway is an error
+        before the client's first byte (retryable), not a truncated 200.
+        """
 
     async def next_chunk(self, timeout: float | None = None) -> bytes | None:
         """The next body part (None at the end), waiting at most ``timeout`` s (default idle)."""
 
-    async def read(self) -> bytes: ...
+    async def read(self) -> bytes:
+        """The whole body; UpstreamError if it breaks or passes ``max_body``."""
 
     def chunks(self) -> AsyncIterator[bytes]: ...
 
@@ -58,12 +91,17 @@ class UpstreamClient(Protocol):
     async def get(self, url: str, timeout: float) -> tuple[int, bytes]: ...
 
 
-def make_upstream(kind: str, timeouts: Timeouts, keepalive_per_backend: int) -> UpstreamClient:
+def make_upstream(
+    kind: str,
+    timeouts: Timeouts,
+    keepalive_per_backend: int,
+    limits: ResponseLimits = DEFAULT_LIMITS,
+) -> UpstreamClient:
     """The client named by ``server.upstream_client``."""
     if kind == "aiohttp":
         from gateway.upstream.aiohttp_client import AiohttpUpstream
 
-        return AiohttpUpstream(timeouts, keepalive_per_backend)
+        return AiohttpUpstream(timeouts, keepalive_per_backend, limits)
     from gateway.upstream.h1 import H1Upstream
 
-    return H1Upstream(timeouts, keepalive_per_backend)
+    return H1Upstream(timeouts, keepalive_per_backend, limits)

@@ -8,14 +8,47 @@ arrive, and connections reused per backend. aiohttp remains available behind the
 (``server.upstream_client: aiohttp``).
 
 Per backend origin there is one :class:`_HostPool` of idle connections; a connection carries one
-exchange at a time. A request that fails on a reused connection before any response byte (the
-backend closed it while idle) is retried once on a fresh connection: nothing was processed.
+exchange at a time. The invariant that keeps one tenant's answer from reaching another:
+
+    **a connection returns to the pool only at a message boundary with no unread byte.**
+
+It is held by construction, not by special cases:
+
+* interim responses (100, 103, any 1xx but 101) are parsed and skipped: only a final status
+  (>= 200) completes the head, and only the final message's end completes the exchange;
+  101 (a protocol switch nobody asked for) is a protocol error;
+* a byte that arrives after the final message ended - in the same segment (the parser is
+  stopped at the next message's first byte) or in a later one, or while the connection sits
+  idle - closes the connection; the answer already complete is not touched. (llhttp consumes
+  bare CR/LF between messages as padding without a callback; they carry no response and leave
+  no unread byte, so they do not count);
+* chunked trailers are dropped, never merged into the response headers;
+* a close-delimited body (HTTP/1.0, or no Content-Length and no chunked) ends at the backend's
+  clean EOF, and such a connection is never pooled; a Transfer-Encoding other than ``chunked``
+  is refused (RFC 9112 6.3 would read it to EOF, but a proxy cannot relay a coding it does
+  not undo, and h11, our reference parser, refuses it too);
+* caps (:class:`~gateway.upstream.base.ResponseLimits`) bound the head while it is still
+  arriving and a body read whole; over a cap the exchange fails and the connection closes.
+
+Re-sending after a failure on a reused connection. Before reusing an idle connection, a
+zero-timeout poll checks that the backend has not closed it (or sent anything) meanwhile: the
+event loop may not have run its EOF callback yet. Such a connection is discarded before any byte
+is written, so a fresh one is used and nothing can have been processed twice. Once the request
+has been written, a failure with no response byte is ambiguous: the backend may have closed an
+idle connection just as we wrote (nothing ran), or run the request and died before answering (it
+ran, and billed). Go's net/http resolves this the same way: it resends only what it knows was
+not processed (``nothingWrittenError``, and ``errServerClosedIdle`` only for replayable
+requests). So the request is sent again once on a fresh connection only if it is replayable:
+an idempotent method (GET, HEAD) or a request carrying an ``Idempotency-Key`` (or
+``X-Idempotency-Key``) header, by which the client says a duplicate is harmless. A plain POST
+that fails this way raises :class:`UpstreamConnectionLost`; the retry policy above decides.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import select
 import ssl
 import time
 from typing import TYPE_CHECKING
@@ -24,12 +57,15 @@ from urllib.parse import urlsplit
 import httptools
 
 from gateway.deadlines import wheel
+from gateway.upstream.base import DEFAULT_LIMITS
 from gateway.upstream.errors import (
     UpstreamConnectError,
+    UpstreamConnectionLost,
     UpstreamConnectTimeout,
     UpstreamFirstByteTimeout,
     UpstreamIdleTimeout,
     UpstreamProtocolError,
+    UpstreamResponseTooLarge,
     UpstreamTotalTimeout,
 )
 from gateway.upstream.headers import response_headers
@@ -39,15 +75,27 @@ if TYPE_CHECKING:
 
     from gateway.config import Timeouts
     from gateway.types import RawHeaders
+    from gateway.upstream.base import ResponseLimits
 
 __all__ = ["H1Response", "H1Upstream"]
 
 _HIGH_WATER = 256 * 1024  # pause reading from the backend when this much is unconsumed
 _LOW_WATER = 64 * 1024
+_NONE: tuple[int, ...] = ()
+_REPLAYABLE_METHODS = frozenset({b"GET", b"HEAD"})
+_IDEMPOTENCY_HEADERS = frozenset({b"idempotency-key", b"x-idempotency-key"})
+
+
+class _Stop(Exception):
+    """Raised in a parser callback to halt httptools at once; the reason is already recorded."""
 
 
 class _Exchange:
-    """One request's response as it arrives: headers, then body parts, then completion."""
+    """One request's response as it arrives: headers, then body parts, then completion.
+
+    ``status`` stays 0 until the *final* response's head is complete (interim 1xx heads leave
+    it at 0), which is how the callbacks tell head from body and trailers.
+    """
 
     __slots__ = (
         "buffered",
@@ -55,11 +103,16 @@ class _Exchange:
         "deadline",
         "error",
         "got_bytes",
+        "head_bytes",
+        "header_bytes",
         "headers",
         "headers_done",
         "keep_alive",
+        "length",
+        "n_headers",
         "parts",
         "status",
+        "te",
         "waiter",
     )
 
@@ -75,6 +128,11 @@ class _Exchange:
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.deadline = deadline
+        self.head_bytes = 0  # raw bytes of segments that ended inside the head
+        self.header_bytes = 0  # bytes of header names and values
+        self.n_headers = 0
+        self.length = -1  # Content-Length, -1 when absent
+        self.te: bytes | None = None  # Transfer-Encoding, as sent
 
     def wake(self) -> None:
         waiter = self.waiter
@@ -82,6 +140,7 @@ class _Exchange:
             waiter.set_result(None)
 
     def fail(self, exc: BaseException) -> None:
+        """Record the first failure; a complete exchange keeps its answer."""
         if self.complete or self.error is not None:
             return
         self.error = exc
@@ -95,8 +154,13 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, pool: _HostPool) -> None:
         self.pool = pool
+        self.limits = pool.limits
         self.parser = httptools.HttpResponseParser(self)
+        # a bare LF ends a line, as RFC 9112 2.2 allows and h11 and aiohttp do; nothing else
+        # is lenient (a bare CR, obs-fold, CL with TE are refused)
+        self.parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
         self.transport: asyncio.Transport | None = None
+        self.fd: tuple[int, ...] = _NONE
         self.exchange: _Exchange | None = None
         self.closed = False
         self.reused = False
@@ -105,37 +169,95 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            self.fd = (sock.fileno(),)
 
     def data_received(self, data: bytes) -> None:
         ex = self.exchange
-        if ex is None:  # bytes with no request outstanding: the connection is unusable
+        if ex is None or ex.complete:
+            # a byte outside an exchange or after its final message: it is nobody's answer,
+            # and the connection is no longer at a message boundary
             self.close()
             return
         ex.got_bytes = True
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            # invalid bytes, or a callback stopped the parser having recorded why; a complete
+            # exchange (extra bytes after its end) keeps its answer, the connection goes
             ex.fail(UpstreamProtocolError(f"invalid HTTP from backend: {exc}"))
             self.close()
+            return
+        if ex.status == 0 and ex.error is None:
+            # still inside the head: bound it while it arrives (one long line included)
+            ex.head_bytes += len(data)
+            if ex.head_bytes > self.limits.max_head:
+                ex.fail(UpstreamResponseTooLarge(
+                    f"response head over {self.limits.max_head} bytes"))
+                self.close()
+
+    def eof_received(self) -> bool | None:
+        ex = self.exchange
+        if (ex is not None and ex.status and not ex.complete and ex.error is None
+                and ex.length < 0 and ex.te is None):
+            # a close-delimited body ends here, cleanly; never pooled (keep_alive False)
+            ex.keep_alive = False
+            ex.complete = True
+            ex.wake()
+        return None  # the transport closes; connection_lost fails whatever is incomplete
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool.forget(self)
         ex = self.exchange
         if ex is not None and not ex.complete:
-            ex.fail(UpstreamProtocolError("backend closed the connection mid-response"))
+            ex.fail(UpstreamConnectionLost("backend closed the connection mid-response"))
 
     # --- httptools callbacks
+    def on_message_begin(self) -> None:
+        ex = self.exchange
+        assert ex is not None
+        if ex.complete:  # a second message after the final one, in the same segment
+            raise _Stop
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        assert self.exchange is not None
-        self.exchange.headers.append((name, value))
+        ex = self.exchange
+        assert ex is not None
+        if ex.status:  # a chunked trailer: framing metadata, never a response header
+            return
+        ex.n_headers += 1
+        ex.header_bytes += len(name) + len(value)
+        limits = self.limits
+        if ex.n_headers > limits.max_headers or ex.header_bytes > limits.max_head:
+            ex.fail(UpstreamResponseTooLarge(
+                f"response head over {limits.max_headers} headers or {limits.max_head} bytes"))
+            raise _Stop
+        n = len(name)
+        if n == 14 and name.lower() == b"content-length":
+            ex.length = int(value)  # llhttp has checked it is digits, and that there is one
+        elif n == 17 and name.lower() == b"transfer-encoding":
+            ex.te = value
+        ex.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         ex = self.exchange
         assert ex is not None
-        ex.status = self.parser.get_status_code()
-        if not ex.headers_done.done():
-            ex.headers_done.set_result(None)
+        status = self.parser.get_status_code()
+        if status >= 200:
+            if ex.te is not None and ex.te.strip().lower() != b"chunked":
+                ex.fail(UpstreamProtocolError("unsupported transfer-encoding from backend"))
+                raise _Stop
+            ex.status = status
+            if not ex.headers_done.done():
+                ex.headers_done.set_result(None)
+        elif status >= 100 and status != 101:
+            # an interim response (100 Continue, 103 Early Hints): skip it, parse on
+            ex.headers.clear()
+            ex.length, ex.te = -1, None
+        else:
+            ex.fail(UpstreamProtocolError(f"backend answered status {status}"))
+            raise _Stop
 
     def on_body(self, body: bytes) -> None:
         ex = self.exchange
@@ -150,11 +272,22 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         ex = self.exchange
         assert ex is not None
+        if ex.status == 0:  # the end of an interim response: the final one is still to come
+            return
         ex.keep_alive = self.parser.should_keep_alive()
         ex.complete = True
         ex.wake()
 
     # --- use
+    def usable(self) -> bool:
+        """Idle and untouched: open, and nothing (no EOF, no byte) waiting to be read."""
+        if self.closed:
+            return False
+        try:
+            return not select.select(self.fd, _NONE, _NONE, 0)[0]
+        except (OSError, ValueError):
+            return False
+
     def send(self, data: bytes, exchange: _Exchange) -> None:
         assert self.transport is not None
         self.exchange = exchange
@@ -178,10 +311,16 @@ class _HostPool:
     """Idle keep-alive connections to one origin (scheme, host, port)."""
 
     def __init__(
-        self, host: str, port: int, ssl_context: ssl.SSLContext | None, keep: int
+        self,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        keep: int,
+        limits: ResponseLimits = DEFAULT_LIMITS,
     ) -> None:
         self.host, self.port, self.ssl = host, port, ssl_context
         self.keep = keep
+        self.limits = limits
         self.idle: list[_Connection] = []
         self.open = 0
 
@@ -197,30 +336,40 @@ class _HostPool:
                     server_hostname=self.host if self.ssl else None,
                 )
         except TimeoutError as exc:
-            raise UpstreamConnectTimeout(f"connecting to backend took over {timeout}s") from exc
+            raise UpstreamConnectTimeout(
+                f"connecting to backend took over {timeout}s", detail=f"{timeout:g}s"
+            ) from exc
         except OSError as exc:
             # the errno's text only: the OS error's own message names the internal address
             reason = exc.strerror or type(exc).__name__
             if "(" in reason:
                 reason = reason.split("(")[0].strip()
-            raise UpstreamConnectError(f"cannot connect to backend: {reason}") from exc
+            raise UpstreamConnectError(
+                f"cannot connect to backend: {reason}", detail=f"cannot connect: {reason}"
+            ) from exc
         self.open += 1
         return conn
 
     def take_idle(self) -> _Connection | None:
+        """The most recently used idle connection that is still usable; stale ones are closed."""
         while self.idle:
             conn = self.idle.pop()
-            if not conn.closed:
+            if conn.usable():
                 conn.reused = True
                 return conn
+            conn.close()
         return None
 
     def give_back(self, conn: _Connection) -> None:
+        """Keep ``conn`` for reuse; callers hand it over only at a message boundary."""
         conn.exchange = None
         if conn.closed or len(self.idle) >= self.keep:
             conn.close()
-        else:
-            self.idle.append(conn)
+            return
+        if conn.paused and conn.transport is not None:  # an unread body was dropped
+            conn.paused = False
+            conn.transport.resume_reading()
+        self.idle.append(conn)
 
     def forget(self, conn: _Connection) -> None:
         self.open -= 1
@@ -262,17 +411,15 @@ class H1Response:
         self.status = ex.status
         self.headers = response_headers(ex.headers)
         content_type = b""
-        length = False
         for name, value in ex.headers:
-            lname = name.lower()
-            if lname == b"content-type":
+            if len(name) == 12 and name.lower() == b"content-type":
                 content_type = value
-            elif lname == b"content-length":
-                length = True
         self.is_event_stream = content_type.split(b";", 1)[0].strip().lower() == (
             b"text/event-stream"
         )
-        self.is_stream = self.is_event_stream or not length
+        # only an event stream is relayed as it arrives; any other body is read whole, so a
+        # break midway is an error before the client's first byte (see UpstreamResponse)
+        self.is_stream = self.is_event_stream
 
     async def next_chunk(self, timeout: float | None = None) -> bytes | None:
         """The next body part, None at the end; waits at most ``timeout`` (default: idle)."""
@@ -305,17 +452,32 @@ class H1Response:
                     raise
                 if time.monotonic() >= ex.deadline:
                     raise UpstreamTotalTimeout("the request's total time ran out") from None
-                raise UpstreamIdleTimeout(f"backend went silent for {idle:g}s") from None
+                raise UpstreamIdleTimeout(
+                    f"backend went silent for {idle:g}s", detail=f"{idle:g}s"
+                ) from None
             finally:
                 deadlines.cancel(timer)
                 ex.waiter = None
 
     async def read(self) -> bytes:
-        """The whole body (non-streaming responses)."""
+        """The whole body (non-streaming responses), at most ``ResponseLimits.max_body`` bytes."""
+        cap = self._conn.limits.max_body
+        if self._ex.length > cap:
+            self._too_large(cap)
         parts = []
+        size = 0
         while (part := await self._next(self._idle)) is not None:
+            size += len(part)
+            if size > cap:
+                self._too_large(cap)
             parts.append(part)
         return b"".join(parts)
+
+    def _too_large(self, cap: int) -> None:
+        exc = UpstreamResponseTooLarge(f"response body over {cap} bytes")
+        self._ex.fail(exc)
+        self.close()  # the body is not complete: the connection closes
+        raise exc
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive (chunked framing already removed)."""
@@ -327,7 +489,10 @@ class H1Response:
             return
         self._closed = True
         ex, conn = self._ex, self._conn
-        if ex.complete and ex.keep_alive and ex.error is None and not conn.closed:
+        # the pool invariant: only a finished keep-alive exchange, on a connection that has
+        # seen no byte past its end (such a byte closes it at once), is reused
+        if (ex.complete and ex.keep_alive and ex.error is None and not conn.closed
+                and conn.exchange is ex):
             conn.pool.give_back(conn)
         else:
             conn.exchange = None
@@ -337,9 +502,15 @@ class H1Response:
 class H1Upstream:
     """The process's HTTP/1.1 client for backends (``server.upstream_client: native``)."""
 
-    def __init__(self, timeouts: Timeouts, keepalive_per_backend: int = 256) -> None:
+    def __init__(
+        self,
+        timeouts: Timeouts,
+        keepalive_per_backend: int = 256,
+        limits: ResponseLimits = DEFAULT_LIMITS,
+    ) -> None:
         self._timeouts = timeouts
         self._keep = keepalive_per_backend
+        self._limits = limits
         self._pools: dict[tuple[str, str, int], _HostPool] = {}
         self._targets: dict[str, _Target] = {}
         self._ssl: ssl.SSLContext | None = None
@@ -367,7 +538,7 @@ class H1Upstream:
         if pool is None:
             if secure and self._ssl is None:
                 self._ssl = ssl.create_default_context()
-            pool = _HostPool(host, port, self._ssl if secure else None, self._keep)
+            pool = _HostPool(host, port, self._ssl if secure else None, self._keep, self._limits)
             self._pools[origin] = pool
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         netloc = host if parts.port is None else f"{host}:{port}"
@@ -410,14 +581,17 @@ class H1Upstream:
                 conn.close()
                 if ex.headers_done.cancelled() and not asyncio.current_task().cancelling():  # type: ignore[union-attr]
                     raise UpstreamFirstByteTimeout(
-                        f"no response from backend within {t.first_token}s"
+                        f"no response from backend within {t.first_token}s",
+                        detail=f"{t.first_token:g}s",
                     ) from None
                 raise
             except UpstreamProtocolError:
                 conn.exchange = None
                 conn.close()
-                if attempt == 0 and conn.reused and not ex.got_bytes:
-                    continue  # a stale keep-alive connection: retry once on a fresh one
+                if attempt == 0 and conn.reused and not ex.got_bytes and _replayable(
+                    method, headers
+                ):
+                    continue  # a duplicate is harmless: once more on a fresh connection
                 raise
             finally:
                 deadlines.cancel(timer)
@@ -439,3 +613,10 @@ class H1Upstream:
 
     def __repr__(self) -> str:
         return f"<H1Upstream {list(self._pools.values())!r}>"
+
+
+def _replayable(method: bytes, headers: RawHeaders) -> bool:
+    """Safe to send twice: an idempotent method, or the client declared an idempotency key."""
+    return method in _REPLAYABLE_METHODS or any(
+        name.lower() in _IDEMPOTENCY_HEADERS for name, _ in headers
+    )
