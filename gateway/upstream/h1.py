@@ -476,7 +476,9 @@ class H1Response:
     def _too_large(self, cap: int) -> None:
         exc = UpstreamResponseTooLarge(f"response body over {cap} bytes")
         self._ex.fail(exc)
-        self.close()  # the body is not complete: the connection closes
+        self._closed = True
+        self._conn.exchange = None
+        self._conn.close()  # never reused, even if the rest did arrive
         raise exc
 
     async def chunks(self) -> AsyncIterator[bytes]:
