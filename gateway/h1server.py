@@ -11,14 +11,22 @@ then the body in a second write; this protocol writes both at once when the body
 are a real share of it. ``server.http_protocol: uvicorn`` switches back.
 
 What it does, per connection: parse with httptools (llhttp, the parser uvicorn uses), cap the
-request line and headers (431/414 instead of unbounded buffering), run one ASGI task per request
+request line and headers (431/414 instead of unbounded buffering: the cap counts raw bytes as
+they arrive, so one endless header line is refused after ``MAX_HEAD_BYTES``, not buffered whole
+first), run one ASGI task per request
 with requests handled strictly in order (pipelined requests wait, and reading pauses), feed the
 body through ``receive`` with read back-pressure, frame responses with Content-Length or chunked
 encoding, wait on write back-pressure in ``send``, report ``http.disconnect`` when the client
-goes, honour keep-alive and ``Connection: close``, answer ``Expect: 100-continue``, and close
-connections idle past the keep-alive timeout (one sweep a second per process instead of a timer
-per request). ``shutdown`` (uvicorn's graceful drain) closes idle connections at once and the
-others after their current response.
+goes, honour keep-alive and ``Connection: close``, answer ``Expect: 100-continue``, and enforce
+the bounds of ``server.limits`` (:class:`~gateway.config.model.ClientLimits`): connections idle
+past the keep-alive timeout are closed (bytes that start no request, bare CRLFs, are not
+activity), a request head or body slower than its timeout gets 408 and a close, and beyond
+``max_connections`` a new connection gets 503 and a close. One sweep a second per process checks
+the timeouts instead of a timer per request. A request that cannot be parsed, in its head or
+its body (bad chunked framing), gets 400 and a close. ``shutdown`` (uvicorn's graceful drain)
+closes idle connections at once and the others after their current response; a response the
+app leaves unfinished (the relay's total deadline, say) aborts the connection, so a client that
+stopped reading cannot keep it open with the unsent rest.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from urllib.parse import unquote
 
 import httptools
 
+from gateway.config.model import ClientLimits
 from gateway.errors import error_body
 
 if TYPE_CHECKING:
@@ -42,16 +51,24 @@ if TYPE_CHECKING:
     from uvicorn.config import Config
     from uvicorn.server import ServerState
 
-__all__ = ["MAX_HEAD_BYTES", "GatewayH1Protocol"]
+__all__ = [
+    "MAX_HEAD_BYTES",
+    "MAX_RAW_HEAD_BYTES",
+    "GatewayH1Protocol",
+    "HeadMeter",
+    "HeadTooLarge",
+    "error_response",
+]
 
 log = logging.getLogger("gateway.server")
 
 #: request line + headers of one request; more gets 431 (uvicorn has no such bound)
 MAX_HEAD_BYTES = 64 * 1024
+#: raw bytes of one request head (line, headers, their separators) counted as they arrive,
+#: before the parser has reported a header: a header line still arriving is cut off here
+MAX_RAW_HEAD_BYTES = MAX_HEAD_BYTES + 4096
 #: body bytes buffered ahead of the app before reading pauses
 READ_HIGH_WATER = 1024 * 1024
-#: seconds a client may take to send a request's headers once it has started
-HEAD_TIMEOUT_S = 30.0
 #: pipelined requests parsed ahead of the one running before reading pauses
 MAX_PIPELINE = 16
 
@@ -70,7 +87,7 @@ def _status_line(status: int) -> bytes:
     return line if line is not None else f"HTTP/1.1 {status} \r\n".encode("latin-1")
 
 
-def _error_response(status: int, message: str) -> bytes:
+def error_response(status: int, message: str) -> bytes:
     """A complete OpenAI-shaped error response that closes the connection."""
     kind = "server_error" if status >= 500 else "invalid_request_error"
     body = error_body(message, kind, None, None)
@@ -89,6 +106,7 @@ class _Exchange:
     __slots__ = (
         "body",
         "body_given",
+        "body_since",
         "buffered",
         "chunked",
         "complete",
@@ -123,6 +141,7 @@ class _Exchange:
         self.chunked = False
         self.status = 0
         self.head_headers: Any = ()
+        self.body_since = proto.loop.time()  # for the body timeout; reset while reads pause
 
     def wake(self) -> None:
         waiter = self.waiter
@@ -224,21 +243,27 @@ class _Exchange:
 
 
 class _Sweeper:
-    """Closes connections idle past the keep-alive timeout, or slow to send their headers;
+    """Closes connections idle past the keep-alive timeout, or slow to send their head or body;
     one task per process, so a request never sets or cancels a timer of its own."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, keep_alive_s: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, limits: ClientLimits) -> None:
         self.connections: weakref.WeakSet[GatewayH1Protocol] = weakref.WeakSet()
-        self.keep_alive_s = keep_alive_s
+        self.interval = 1.0
+        self.limits = limits
         self.task = loop.create_task(self._run(loop))
+        self.fit(limits)
+
+    def fit(self, limits: ClientLimits) -> None:
+        """Sweep often enough for the shortest timeout of ``limits`` (about half of it)."""
+        shortest = min(limits.keep_alive_timeout, limits.header_timeout, limits.body_timeout)
+        self.interval = min(self.interval, max(0.05, shortest / 2))
 
     async def _run(self, loop: asyncio.AbstractEventLoop) -> None:
-        interval = max(0.05, min(1.0, self.keep_alive_s / 2))
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.interval)
             now = loop.time()
             for conn in list(self.connections):
-                conn.check_idle(now, self.keep_alive_s)
+                conn.check_idle(now)
 
 
 _sweepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = (
@@ -246,8 +271,58 @@ _sweepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = (
 )
 
 
+class HeadMeter:
+    """Counts the raw bytes of a request head as they arrive, for both server protocols.
+
+    httptools reports a header only once its line is complete, and until then copies the
+    growing line at each read (quadratic): a 50 MiB header line cost seconds of CPU and the
+    memory of several copies before a cap on reported headers could act. The protocol feeds
+    the parser through :meth:`feed`, which counts bytes while a head is being read and feeds
+    at most the bytes left under :data:`MAX_RAW_HEAD_BYTES`; when the head is still not
+    complete there, it raises :class:`HeadTooLarge` (431). ``head_done`` and ``message_done``
+    are called from the parser's ``on_headers_complete`` and ``on_message_complete``.
+
+    Bytes after a body in the same read begin the next head uncounted, so one head may exceed
+    the cap by at most one read (64-256 KiB); the reported-header cap still holds for those.
+    """
+
+    __slots__ = ("in_head", "seen")
+
+    def __init__(self) -> None:
+        self.in_head = True
+        self.seen = 0
+
+    def feed(self, feed_data: Callable[[Any], None], data: bytes) -> None:
+        """Feed ``data`` to the parser, at most up to the head cap while a head is read."""
+        if not self.in_head:
+            feed_data(data)
+            return
+        room = MAX_RAW_HEAD_BYTES - self.seen
+        if len(data) <= room:
+            self.seen += len(data)
+            feed_data(data)
+            return
+        view = memoryview(data)
+        self.seen = MAX_RAW_HEAD_BYTES
+        feed_data(view[:room])
+        if self.in_head:
+            raise HeadTooLarge(431, "request headers too large")
+        feed_data(view[room:])  # the head ended within the cap: the rest is body and beyond
+
+    def head_done(self) -> None:
+        self.in_head = False
+
+    def message_done(self) -> None:
+        self.in_head = True
+        self.seen = 0
+
+
 class GatewayH1Protocol(asyncio.Protocol):
-    """uvicorn's HTTP protocol slot, filled by a leaner HTTP/1.1 implementation."""
+    """uvicorn's HTTP protocol slot, filled by a leaner HTTP/1.1 implementation.
+
+    ``limits`` (the policy's ``server.limits``) is bound with ``functools.partial`` by
+    :func:`gateway.server.uvicorn_options`; uvicorn passes the rest.
+    """
 
     def __init__(
         self,
@@ -255,6 +330,7 @@ class GatewayH1Protocol(asyncio.Protocol):
         server_state: ServerState,
         app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
+        limits: ClientLimits | None = None,
     ) -> None:
         if not config.loaded:
             config.load()
@@ -284,21 +360,33 @@ class GatewayH1Protocol(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0
         self._head_started: float | None = None
+        self._meter = HeadMeter()
+        self.limits = limits or ClientLimits(keep_alive_timeout=config.timeout_keep_alive)
         self.last_io = 0.0
+        self.idle_since = 0.0  # when the connection last became idle (no request under way)
         self._date_src: object = None
         self._date_head = b""
         sweeper = _sweepers.get(self.loop)
         if sweeper is None or sweeper.task.done():
-            sweeper = _sweepers[self.loop] = _Sweeper(self.loop, config.timeout_keep_alive)
+            sweeper = _sweepers[self.loop] = _Sweeper(self.loop, self.limits)
+        elif self.limits is not sweeper.limits:
+            sweeper.fit(self.limits)
         self._sweeper = sweeper
 
     # -- connection ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        cap = self.limits.max_connections
+        if cap is not None and len(self.server_state.connections) >= cap:
+            # over the limit: answer at once, hold nothing (not tracked, never parsed)
+            self.lost = True
+            self.transport.write(error_response(503, "too many open connections"))
+            self.transport.close()
+            return
         self.server_state.connections.add(self)  # type: ignore[arg-type]
         self._sweeper.connections.add(self)
-        self.last_io = self.loop.time()
+        self.last_io = self.idle_since = self.loop.time()
         server = transport.get_extra_info("sockname")
         client = transport.get_extra_info("peername")
         self.server = (str(server[0]), int(server[1])) if isinstance(server, tuple) else None
@@ -320,9 +408,13 @@ class GatewayH1Protocol(asyncio.Protocol):
         """Half-close from the client: the in-flight response may still be sent."""
 
     def data_received(self, data: bytes) -> None:
+        if self.lost:
+            return
         self.last_io = self.loop.time()
         try:
-            self.parser.feed_data(data)
+            self._meter.feed(self.parser.feed_data, data)
+        except HeadTooLarge as exc:
+            self._fail(exc.status, exc.message)
         except httptools.HttpParserUpgrade:
             # no protocol upgrades here: answer the request as plain HTTP/1.1, then close
             for ex in (self.active, *self._pipeline):
@@ -331,20 +423,34 @@ class GatewayH1Protocol(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             # httptools wraps what a callback raised; ours says which limit was hit
             cause = exc.__cause__ or exc.__context__
-            if isinstance(cause, _HeadTooLarge):
+            if isinstance(cause, HeadTooLarge):
                 self._fail(cause.status, cause.message)
             else:
                 self._fail(400, f"malformed HTTP request: {str(exc)[:200]}")
 
     def _fail(self, status: int, message: str) -> None:
-        """A request we cannot parse: answer it (unless a response is under way) and close."""
-        if self.active is None and not self.lost:
-            self.transport.write(_error_response(status, message))
+        """A request we cannot parse or that broke a limit, in its head or its body: answer it
+        (unless its response is already under way) and close. From here the connection counts
+        as lost: the app's ``receive`` reports a disconnect, its ``send`` writes nothing."""
+        if self.lost:
+            return
+        active = self.active
+        if active is None or not active.head_sent:
+            self.transport.write(error_response(status, message))
         self._close()
+        self.lost = True
+        for ex in (active, self._parsing, *self._pipeline):
+            if ex is not None:
+                ex.wake()
 
     def _close(self) -> None:
         if not self.lost and not self.transport.is_closing():
             self.transport.close()
+
+    def _abort(self) -> None:
+        """Close without flushing: what is unsent belongs to a response that cannot finish."""
+        if not self.lost:
+            self.transport.abort()
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -381,14 +487,27 @@ class GatewayH1Protocol(asyncio.Protocol):
             self._date_head = b"".join(n + b": " + v + b"\r\n" for n, v in src)
         return self._date_head
 
-    def check_idle(self, now: float, keep_alive_s: float) -> None:
-        """Called by the sweeper: close an idle keep-alive connection or a slow request head."""
+    def check_idle(self, now: float) -> None:
+        """Called by the sweeper: close an idle connection, answer 408 to a slow head or body."""
         if self.lost:
             return
-        if self.active is None and now - self.last_io > keep_alive_s:
+        limits = self.limits
+        if self._head_started is not None:
+            if now - self._head_started > limits.header_timeout:
+                self._fail(408, "request headers not received in time")
+            return
+        body = self._parsing
+        if body is not None and not body.complete:
+            if self.read_paused:
+                body.body_since = now  # we are not reading: the client is not to blame
+            elif now - body.body_since > limits.body_timeout:
+                if body is self._discarding:
+                    self._close()  # answered already: only the unread rest is late
+                else:
+                    self._fail(408, "request body not received in time")
+            return
+        if self.active is None and now - self.idle_since > limits.keep_alive_timeout:
             self._close()
-        elif self._head_started is not None and now - self._head_started > HEAD_TIMEOUT_S:
-            self._fail(408, "request headers not received in time")
 
     def shutdown(self) -> None:
         """uvicorn's graceful drain: close when idle, else after the current response."""
@@ -403,6 +522,7 @@ class GatewayH1Protocol(asyncio.Protocol):
     # -- parser callbacks ------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self._meter.message_done()  # a new head begins here, whatever came before it
         self._url = b""
         self._headers = []
         self._head_bytes = 0
@@ -412,15 +532,16 @@ class GatewayH1Protocol(asyncio.Protocol):
         self._url += url
         self._head_bytes += len(url)
         if self._head_bytes > MAX_HEAD_BYTES:
-            raise _HeadTooLarge(414, "request URL too long")
+            raise HeadTooLarge(414, "request URL too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_bytes += len(name) + len(value) + 4
         if self._head_bytes > MAX_HEAD_BYTES:
-            raise _HeadTooLarge(431, "request headers too large")
+            raise HeadTooLarge(431, "request headers too large")
         self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
+        self._meter.head_done()
         self._head_started = None
         parser = self.parser
         url = self._url
@@ -475,6 +596,7 @@ class GatewayH1Protocol(asyncio.Protocol):
         ex.wake()
 
     def on_message_complete(self) -> None:
+        self._meter.message_done()
         ex = self._parsing
         if ex is None:
             return
@@ -508,7 +630,7 @@ class GatewayH1Protocol(asyncio.Protocol):
             log.error("unhandled error in the ASGI app", exc_info=exc)
             if not ex.head_sent and not self.lost:
                 ex.keep_alive = False
-                self.transport.write(_error_response(500, "internal error"))
+                self.transport.write(error_response(500, "internal error"))
                 ex.finished = True
                 self.exchange_done(ex)
                 return
@@ -517,9 +639,9 @@ class GatewayH1Protocol(asyncio.Protocol):
             if not ex.started and not self.lost:
                 log.error("the ASGI app returned without a response")
                 ex.keep_alive = False
-                self.transport.write(_error_response(500, "internal error"))
+                self.transport.write(error_response(500, "internal error"))
             else:
-                self._close()  # a response cut short: the client must not wait for the rest
+                self._abort()  # a response cut short: the client must not wait for the rest
             ex.finished = True
             self.exchange_done(ex)
 
@@ -528,6 +650,7 @@ class GatewayH1Protocol(asyncio.Protocol):
         if self.active is not ex:
             return
         self.active = None
+        self.idle_since = self.loop.time()
         ex.wake()  # a receive() still waiting reports http.disconnect
         if self.lost:
             return
@@ -541,13 +664,14 @@ class GatewayH1Protocol(asyncio.Protocol):
         if not ex.keep_alive:
             self._close()
             return
-        self.last_io = self.loop.time()
         if self._pipeline:
             self._start(self._pipeline.popleft())
         self.resume_reading()
 
 
-class _HeadTooLarge(Exception):
+class HeadTooLarge(Exception):
+    """A request head over its cap (raised from a parser callback or :class:`HeadMeter`)."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status

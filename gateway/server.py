@@ -2,46 +2,151 @@
 
 SIGTERM stops accepting connections, lets in-flight requests and streams finish for up to
 ``server.drain_timeout`` seconds, then cancels what is left (uvicorn's graceful shutdown).
+
+The listening socket is bound here, before uvicorn starts the app: a port already in use is a
+one-line error and a non-zero exit, with nothing started. (uvicorn binds a single worker's
+socket only after the app's lifespan has started: Redis clients, the batch runner, the ledger
+flusher. It then ran the lifespan shutdown, which could hang, with its signal handlers only
+setting flags nobody read, so the process neither exited nor answered SIGTERM or SIGINT.)
+
+``server.http_protocol: uvicorn`` runs uvicorn's httptools protocol with two additions
+(:class:`UvicornH1Protocol`): the raw head-byte cap of the native protocol
+(:class:`~gateway.h1server.HeadMeter`: one endless header line is refused at 68 KiB, not
+buffered whole), and a response the app leaves unfinished aborts the connection instead of
+waiting, forever for a client that stopped reading, to flush the unsent rest.
+``server.limits.max_connections`` is uvicorn's ``limit_concurrency`` there (503 per request);
+uvicorn has no header or body timeout.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import socket
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.supervisors import Multiprocess
 
 from gateway.app import CONFIG_ENV
 from gateway.config import load_policy
-from gateway.h1server import GatewayH1Protocol
+from gateway.config.model import ClientLimits
+from gateway.h1server import GatewayH1Protocol, HeadMeter, HeadTooLarge, error_response
 
-__all__ = ["serve", "uvicorn_options"]
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = ["UvicornH1Protocol", "bind", "serve", "uvicorn_options"]
 
 
-def uvicorn_options(drain_timeout: float, http_protocol: str = "native") -> dict[str, object]:
+class _AbortUnfinished:
+    """The transport as a request's cycle sees it: ``close`` aborts when the response was
+    started and not finished (nothing more will be written; flushing may never end)."""
+
+    __slots__ = ("_cycle", "_transport", "is_closing", "write")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self.write = transport.write
+        self.is_closing = transport.is_closing
+
+    def close(self) -> None:
+        cycle = self._cycle
+        if cycle.response_started and not cycle.response_complete:
+            self._transport.abort()
+        else:
+            self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class UvicornH1Protocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with the head cap and the abort of unfinished responses."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._meter = HeadMeter()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._meter.feed(super().data_received, data)
+        except HeadTooLarge as exc:
+            if not self.transport.is_closing():
+                self.transport.write(error_response(exc.status, exc.message))
+                self.transport.close()
+
+    def on_message_begin(self) -> None:
+        self._meter.message_done()
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._meter.head_done()
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and not isinstance(cycle.transport, _AbortUnfinished):
+            cycle.transport = _AbortUnfinished(self.transport, cycle)  # type: ignore[assignment]
+
+    def on_message_complete(self) -> None:
+        self._meter.message_done()
+        super().on_message_complete()
+
+
+def uvicorn_options(
+    drain_timeout: float,
+    http_protocol: str = "native",
+    limits: ClientLimits | None = None,
+) -> dict[str, object]:
     """Server settings shared by ``serve`` and the demo; ``http_protocol`` is the policy's
-    ``server.http_protocol`` (``native``: :class:`~gateway.h1server.GatewayH1Protocol`)."""
+    ``server.http_protocol`` (``native``: :class:`~gateway.h1server.GatewayH1Protocol`),
+    ``limits`` its ``server.limits``."""
+    limits = limits or ClientLimits()
+    native = http_protocol == "native"
+    cap = limits.max_connections
     return {
         "loop": "uvloop",
-        "http": GatewayH1Protocol if http_protocol == "native" else "httptools",
+        "http": functools.partial(GatewayH1Protocol, limits=limits) if native
+        else UvicornH1Protocol,
         "lifespan": "on",
         "proxy_headers": False,  # the gateway reads no X-Forwarded-* header
         "access_log": False,
         "server_header": False,
         "date_header": True,
         "timeout_graceful_shutdown": drain_timeout,
-        "timeout_keep_alive": 75,
+        "timeout_keep_alive": limits.keep_alive_timeout,
+        # the native protocol counts connections itself (503 and close when over); uvicorn
+        # counts the connection asking too (limit N serves N - 1 connections)
+        "limit_concurrency": None if native or cap is None else cap + 1,
         "backlog": 4096,
         "log_level": "warning",
     }
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound as uvicorn binds it; SystemExit with one line if it can't."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        reason = exc.strerror or str(exc)
+        raise SystemExit(f"gateway: cannot listen on {host}:{port}: {reason.lower()}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(config: str, host: str, port: int, workers: int) -> None:
-    """Validate the policy (fail fast with a clear message), then run the server."""
+    """Validate the policy and bind the port (fail fast with a clear message), then serve."""
     policy = load_policy(config)
     os.environ[CONFIG_ENV] = str(Path(config).resolve())
+    sock = bind(host, port)
     # uvicorn re-raises SIGTERM/SIGINT with the handlers it found once it has drained; finding
     # a no-op here makes a drained shutdown exit 0 instead of dying by the signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -49,11 +154,17 @@ def serve(config: str, host: str, port: int, workers: int) -> None:
     if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         # metrics from every worker, summed at /metrics (prometheus_client multiprocess mode)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gateway-metrics-")
-    uvicorn.run(
-        "gateway.app:app_from_env",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers if workers > 1 else None,
-        **uvicorn_options(policy.server.drain_timeout, policy.server.http_protocol),  # type: ignore[arg-type]
+    server = policy.server
+    options = uvicorn_options(server.drain_timeout, server.http_protocol, server.limits)
+    uv_config = uvicorn.Config(
+        "gateway.app:app_from_env", factory=True, host=host, port=port, workers=workers,
+        **options,  # type: ignore[arg-type]
     )
+    if workers > 1:
+        Multiprocess(uv_config, sockets=[sock]).run()
+        return
+    uv_config.load_app()
+    uv_server = uvicorn.Server(uv_config)
+    uv_server.run(sockets=[sock])
+    if not uv_server.started:
+        raise SystemExit(3)  # uvicorn's "startup failure" (the app's lifespan failed)

@@ -18,6 +18,7 @@ __all__ = [
     "Backend",
     "Batch",
     "Borrow",
+    "ClientLimits",
     "Health",
     "LimitSet",
     "Model",
@@ -213,14 +214,16 @@ class Model(_Base, frozen=True):
 
 
 class Timeouts(_Base, frozen=True):
-    """Upstream timeouts, in seconds."""
+    """Upstream timeouts, in seconds; ``total`` also bounds relaying the answer to the client."""
 
     connect: PositiveFloat = 5.0
     #: until the first token: the response headers, and for a stream its first chunk
     first_token: PositiveFloat = 120.0
     #: the longest silence allowed between two chunks of a response
     idle: PositiveFloat = 120.0
-    #: the whole request
+    #: the whole request, from the attempt that answers to the last byte relayed: a client
+    #: that stops reading is cut off then (response ended, backend connection closed, slot
+    #: released)
     total: PositiveFloat = 900.0
 
 
@@ -267,6 +270,11 @@ class Retry(_Base, frozen=True):
     budget_min_per_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
     #: the window of "recent", in seconds
     budget_window: PositiveFloat = 10.0
+    #: the longest a backend's ``Retry-After`` may keep it out of picks (and the most a client
+    #: is told to wait on its behalf), in seconds: a backend answering ``Retry-After: 1e12``
+    #: sits out this long, not 31,700 years; unparseable values (``inf``, ``nan``, negative,
+    #: garbage) are ignored
+    retry_after_max: PositiveFloat = 60.0
 
 
 class Routing(_Base, frozen=True):
@@ -279,6 +287,28 @@ class Routing(_Base, frozen=True):
     retry: Retry = msgspec.field(default_factory=Retry)
 
 
+class ClientLimits(_Base, frozen=True):
+    """Bounds on what one client connection may hold, per worker process (the HTTP edge).
+
+    The header and body timeouts and the idle bound are enforced by the native server
+    protocol; under ``http_protocol: uvicorn`` only ``keep_alive_timeout`` and
+    ``max_connections`` apply (uvicorn has no header or body timeout).
+    """
+
+    #: open client connections per worker; beyond it a new connection is answered 503 and
+    #: closed at once (``null``: no limit)
+    max_connections: PositiveInt | None = 10_000
+    #: seconds a connection may sit idle between requests (bytes that start no request, such
+    #: as bare CRLFs, do not count as activity)
+    keep_alive_timeout: PositiveFloat = 75.0
+    #: seconds a client may take to send a request's line and headers once it has started
+    header_timeout: PositiveFloat = 30.0
+    #: seconds a client may take to send a request's whole body once its headers are in
+    #: (time the gateway spends not reading, under back-pressure, is not counted): a client
+    #: sending a byte every 2 s is answered 408 and closed
+    body_timeout: PositiveFloat = 60.0
+
+
 class Server(_Base, frozen=True):
     """Limits of the HTTP edge and the upstream hop."""
 
@@ -286,6 +316,8 @@ class Server(_Base, frozen=True):
     #: how long SIGTERM waits for in-flight requests and streams before cancelling them
     drain_timeout: Annotated[float, msgspec.Meta(ge=0)] = 30.0
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
+    #: client connections: how many, how long idle, how long to send headers and body
+    limits: ClientLimits = msgspec.field(default_factory=ClientLimits)
     #: keep-alive connections kept open per backend when idle
     keepalive_per_backend: PositiveInt = 256
     #: readiness: how often /readyz may re-check backend reachability, in seconds

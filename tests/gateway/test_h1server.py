@@ -7,6 +7,7 @@ client side is a plain socket so framing, pipelining and connection handling are
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import socket
 import threading
@@ -17,8 +18,9 @@ from typing import Any
 import pytest
 import uvicorn
 
+from gateway.config.model import ClientLimits
 from gateway.h1server import MAX_HEAD_BYTES, GatewayH1Protocol
-from gateway.server import uvicorn_options
+from gateway.server import UvicornH1Protocol, uvicorn_options
 
 EVENTS: list[str] = []
 
@@ -80,8 +82,7 @@ def server() -> Iterator[tuple[str, int]]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    options = uvicorn_options(5.0)
-    options["timeout_keep_alive"] = 1
+    options = uvicorn_options(5.0, limits=ClientLimits(keep_alive_timeout=1))
     config = uvicorn.Config(app, **options)  # type: ignore[arg-type]
     srv = uvicorn.Server(config)
 
@@ -304,5 +305,6 @@ def test_idle_keep_alive_connection_is_closed(server: tuple[str, int]) -> None:
 
 
 def test_policy_can_choose_uvicorns_own_protocol() -> None:
-    assert uvicorn_options(5.0)["http"] is GatewayH1Protocol
-    assert uvicorn_options(5.0, "uvicorn")["http"] == "httptools"
+    native = uvicorn_options(5.0)["http"]
+    assert isinstance(native, functools.partial) and native.func is GatewayH1Protocol
+    assert uvicorn_options(5.0, "uvicorn")["http"] is UvicornH1Protocol
