@@ -21,7 +21,7 @@ __all__ = ["RequestContext"]
 class RequestContext:
     """What is known about one request as it moves through the pipeline."""
 
-    request_id: str
+    request_id: str  # the gateway's own: the key of the reservation and the usage record
     endpoint: str
     started_ns: int = field(default_factory=time.perf_counter_ns)
     key_id: str | None = None
@@ -48,6 +48,7 @@ class RequestContext:
     quota: str | None = None  # admitted | rejected:<limit> | unavailable (None: no limits)
     admitted: bool = False  # passed admission: one usage record will be written
     batch_id: str | None = None  # set for the lines of a batch job (tags the usage record)
+    client_request_id: str | None = None  # the client's correlation id, never used as a key
 
     @property
     def ttft_ms(self) -> float | None:

@@ -10,8 +10,7 @@ import msgspec
 
 from gateway.api.asgi import get_header, send_error, send_json
 from gateway.api.proxy import request_id_for
-from gateway.auth import bearer_token
-from gateway.errors import AuthenticationFailed, GatewayError, MethodNotAllowed, ModelNotFound
+from gateway.errors import GatewayError, MethodNotAllowed, ModelNotFound
 
 if TYPE_CHECKING:
     from gateway.runtime import Gateway, Runtime
@@ -68,14 +67,7 @@ class ModelsHandler:
                     f"method {scope['method']} is not allowed here; use GET",
                     headers={"Allow": "GET"},
                 )
-            keys = self.gateway.runtime.keys
-            if (
-                keys.required
-                and keys.identify(bearer_token(get_header(scope, b"authorization"))) is None
-            ):
-                raise AuthenticationFailed(
-                    "Invalid API key. Pass a valid key as 'Authorization: Bearer <key>'."
-                )
+            await self.gateway.runtime.resolver.authenticate(get_header(scope, b"authorization"))
             self._cards()
             model_id = _model_id(scope)
             if not model_id:

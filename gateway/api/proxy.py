@@ -29,18 +29,19 @@ from gateway.accounting import (
     price_usage,
     request_usage,
 )
+from gateway.accounting.offload import OFFLOAD_BYTES, off_loop
 from gateway.api.asgi import ClientGone, get_header, read_body, send_error
 from gateway.api.parse import parse_request
 from gateway.api.relay import relay_response
+from gateway.api.rename import ModelRenamer, RenamingScanner
 from gateway.api.shadow import start_shadow
-from gateway.auth import bearer_token
 from gateway.batch.runner import LineAnswer
 from gateway.context import RequestContext
 from gateway.deadlines import wheel
 from gateway.errors import (
-    AuthenticationFailed,
     GatewayError,
     InternalError,
+    InvalidRequest,
     MethodNotAllowed,
     ModelNotFound,
     QuotaStoreUnavailable,
@@ -50,7 +51,8 @@ from gateway.errors import (
 from gateway.ledger import make_record
 from gateway.quota import QuotaRequest, QuotaUnavailable
 from gateway.quota.admission import Admission
-from gateway.routing.classes import resolve_class
+from gateway.routing.classes import UnknownClass, resolve_class
+from gateway.routing.conversation import SESSION_HEADER, conversation_key
 from gateway.upstream.forward import forward
 from gateway.upstream.headers import request_headers
 
@@ -60,13 +62,26 @@ if TYPE_CHECKING:
     from gateway.batch.runner import LineCall
     from gateway.config import Model
     from gateway.quota import Scope as QuotaScope
+    from gateway.quota.base import Decision
     from gateway.routing.router import Router
     from gateway.runtime import Gateway, Runtime
     from gateway.telemetry import RequestSpan
     from gateway.types import Message, RawHeaders, Receive, Scope, Send
     from gateway.upstream.forward import Forwarded
 
-__all__ = ["INTERNAL", "InternalCall", "ProxyHandler", "call_internal", "request_id_for"]
+__all__ = [
+    "INTERNAL",
+    "InternalCall",
+    "ProxyHandler",
+    "call_internal",
+    "client_request_id",
+    "new_request_id",
+    "request_id_for",
+]
+
+#: limits that count tokens (or cost): refusals a smaller, exact estimate might pass
+_TOKEN_LIMITS = frozenset({"tpm", "tokens_per_day", "tokens_per_month"})
+_CLIP = 256
 
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 _encoder = msgspec.json.Encoder()
@@ -83,12 +98,28 @@ _ID_COUNTER = itertools.count(int.from_bytes(os.urandom(4), "big"))
 WATCH_AFTER_S = 0.02
 
 
-def request_id_for(scope: Scope) -> str:
-    """Keep a well-formed client ``x-request-id``; otherwise make one."""
-    supplied = get_header(scope, b"x-request-id")
-    if supplied is not None and _REQUEST_ID.match(supplied):
-        return supplied.decode("ascii")
+def new_request_id() -> str:
+    """A gateway-made request id: 32 hex digits, unique across processes."""
     return f"{_ID_PREFIX}{next(_ID_COUNTER) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def request_id_for(scope: Scope) -> str:
+    """The id of a request: always the gateway's own, whatever the client sent.
+
+    A request is admitted, reserved and billed under this id (the idempotency key of its quota
+    reservation and of its usage record), so a client must never choose it: ten requests
+    sharing a client's id would share one reservation and one record.
+    """
+    return new_request_id()
+
+
+def client_request_id(scope: Scope) -> bytes | None:
+    """The client's own correlation id (``x-client-request-id``, else ``x-request-id``), if
+    well-formed; kept for the access line, the trace and the backend, never used as a key."""
+    supplied = get_header(scope, b"x-client-request-id") or get_header(scope, b"x-request-id")
+    if supplied is not None and _REQUEST_ID.match(supplied):
+        return supplied
+    return None
 
 
 class _Watch:
@@ -143,11 +174,18 @@ class ProxyHandler:
         self.endpoint = endpoint
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx = RequestContext(request_id_for(scope), self.endpoint.path)
         internal: InternalCall | None = scope.get(INTERNAL)
-        if internal is not None:  # a batch line (see call_internal)
+        if internal is not None:  # a batch line (see call_internal): its id is the gateway's
+            ctx = RequestContext(internal.request_id, self.endpoint.path)
             ctx.batch_id, ctx.request_class = internal.batch_id, internal.request_class
+            client_id = None
+        else:
+            ctx = RequestContext(new_request_id(), self.endpoint.path)
+            client_id = client_request_id(scope)
         id_header: RawHeaders = [(b"x-request-id", ctx.request_id.encode())]
+        if client_id is not None:
+            ctx.client_request_id = client_id.decode("ascii")
+            id_header.append((b"x-client-request-id", client_id))
         watch: _Watch | None = None
         gateway = self.gateway
         runtime = gateway.runtime  # this request's policy snapshot, whatever reloads happen
@@ -213,13 +251,8 @@ class ProxyHandler:
         if internal is not None:  # authenticated when the batch was created
             ctx.key_id, ctx.tenant = internal.identity.key_id, internal.identity.tenant
             return internal.identity
-        token = bearer_token(get_header(scope, b"authorization"))
-        identity = await runtime.resolver.identify(token)
-        if identity is None:
-            if runtime.keys.required:
-                raise AuthenticationFailed(
-                    "Invalid API key. Pass a valid key as 'Authorization: Bearer <key>'."
-                )
+        identity = await runtime.resolver.authenticate(get_header(scope, b"authorization"))
+        if identity is None:  # keys are not required by this policy
             ctx.tenant = "anonymous"
             return None
         ctx.key_id, ctx.tenant = identity.key_id, identity.tenant
@@ -237,11 +270,13 @@ class ProxyHandler:
         extra: RawHeaders,
         span: RequestSpan,
     ) -> None:
-        """Classify, route, forward (with retries), relay; release the backend on every path."""
+        """Classify, admit, route, shadow, forward (with retries), relay; release the backend
+        and settle the reservation on every path."""
         model = runtime.models.get(parsed.model)
         if model is None:
             raise ModelNotFound(
-                f"The model '{parsed.model}' does not exist or you do not have access to it.",
+                f"The model '{_clip(parsed.model)}' does not exist or you do not have access "
+                "to it.",
                 param="model",
             )
         ctx.request_model = parsed.model
@@ -249,59 +284,74 @@ class ProxyHandler:
         header = get_header(scope, b"x-request-class")
         router = runtime.router
         tenant = runtime.tenants.get(ctx.tenant or "")
-        class_name = ctx.request_class or resolve_class(
-            runtime.policy.routing, router.classes,
-            header.decode("latin-1") if header else None,
-            identity is not None and identity.allow_class_header,
-            identity.default_class if identity else None,
-            tenant.default_class if tenant else None,
-            parsed.model, self.endpoint.path, parsed.payload, parsed.stream,
-        )
-        route = router.route(model, class_name, _sticky_key(model.sticky, ctx, parsed),
-                             _affinity_key(parsed) if _wants_affinity(router, model) else None)
-        ctx.request_class, ctx.version = class_name, route.version
-        ctx.upstream_model = route.upstream_model
-        # streams always ask the backend for usage; the scanner strips it if the client didn't
-        client_wants_usage = request_usage(parsed.payload, parsed.stream)
-        if route.upstream_model != parsed.model or not client_wants_usage:
-            parsed.payload["model"] = route.upstream_model
-            body = _encoder.encode(parsed.payload)
-        scanner = StreamScanner(strip_usage=not client_wants_usage) if parsed.stream else None
-        headers = request_headers(scope["headers"])
-        headers += (
-            (b"content-type", b"application/json"),
-            (b"accept-encoding", b"identity"),
-            (b"x-request-id", ctx.request_id.encode()),
-        )
-        headers = span.propagate(headers)
-        if model.shadow is not None:
-            start_shadow(self.gateway, runtime, model.shadow, self.endpoint.path, parsed,
-                         headers)
-        extra.append((b"x-gateway-class", class_name.encode()))
-        timeouts = runtime.timeouts[class_name]
+        try:
+            class_name = ctx.request_class or resolve_class(
+                runtime.policy.routing, router.classes,
+                header.decode("latin-1") if header else None,
+                identity is not None and identity.allow_class_header,
+                identity.default_class if identity else None,
+                tenant.default_class if tenant else None,
+                parsed.model, self.endpoint.path, parsed.payload, parsed.stream,
+            )
+        except UnknownClass as exc:
+            raise InvalidRequest(str(exc), param="x-request-class") from exc
+        ctx.request_class = class_name
         split: PromptSplit | None = None
         admission: Admission | None = None
         scopes = runtime.scopes(ctx.tenant, ctx.key_id, identity.limits if identity else None,
                                 model.name)
         if scopes:  # admit: check and reserve every limit in one round trip
-            split = self._count(model, parsed)
             admission = Admission(self.gateway.quota)
-            await self._admit(admission, ctx, model, parsed, split, scopes)
+            split = await self._admit(runtime, admission, ctx, model, parsed, len(body), scopes)
         ctx.admitted = True  # from here on the request leaves exactly one usage record
         forwarded: Forwarded | None = None
         try:
+            conversation = conversation_key(parsed.payload, get_header(scope, SESSION_HEADER))
+            route = router.route(model, class_name, _sticky_key(model, ctx, conversation),
+                                 conversation if _wants_affinity(router, model) else None)
+            ctx.version = route.version
+            ctx.upstream_model = route.upstream_model
+            # streams always ask the backend for usage; the scanner strips it if the client
+            # didn't ask for it
+            client_wants_usage = request_usage(parsed.payload, parsed.stream)
+            if route.upstream_model != parsed.model or not client_wants_usage:
+                parsed.payload["model"] = route.upstream_model
+                body = _encoder.encode(parsed.payload)
+            renamer = (ModelRenamer(route.upstream_model, parsed.model)
+                       if route.upstream_model != parsed.model else None)
+            scanner: StreamScanner | None = None
+            if parsed.stream:
+                scanner = (StreamScanner(strip_usage=not client_wants_usage) if renamer is None
+                           else RenamingScanner(renamer, strip_usage=not client_wants_usage))
+            headers = request_headers(scope["headers"])
+            headers += (
+                (b"content-type", b"application/json"),
+                (b"accept-encoding", b"identity"),
+                (b"x-request-id", ctx.request_id.encode()),
+            )
+            if ctx.client_request_id is not None and get_header(
+                scope, b"x-client-request-id"
+            ) is None:
+                headers.append((b"x-client-request-id", ctx.client_request_id.encode()))
+            headers = span.propagate(headers)
+            if model.shadow is not None:  # admitted requests only: a 429 is never mirrored
+                start_shadow(self.gateway, runtime, model.shadow, self.endpoint.path, parsed,
+                             headers)
+            extra.append((b"x-gateway-class", class_name.encode()))
             forwarded = await forward(router, self.gateway.upstream, route, ctx,
-                                      self.endpoint.path, body, headers, timeouts, span,
-                                      self.gateway.metrics)
+                                      self.endpoint.path, body, headers,
+                                      runtime.timeouts[class_name], span, self.gateway.metrics)
             extra.append((b"x-gateway-pool", forwarded.pool.name.encode()))
+            if renamer is not None and forwarded.body is not None:
+                forwarded.body = renamer.whole(forwarded.body)
             try:
                 await relay_response(forwarded, ctx, send, extra, scanner)
             finally:
                 forwarded.response.close()
                 _settle_backend(forwarded, ctx)
                 forwarded.pool.release(forwarded.backend)
-                ctx.usage = self._account(runtime, ctx, model, parsed, forwarded, scanner,
-                                          split or self._count(model, parsed))
+                ctx.usage = await self._account(runtime, ctx, model, parsed, len(body),
+                                                forwarded, scanner, split)
         finally:
             if admission is not None:
                 usage = ctx.usage
@@ -313,36 +363,36 @@ class ProxyHandler:
 
     async def _admit(
         self,
+        runtime: Runtime,
         admission: Admission,
         ctx: RequestContext,
         model: Model,
         parsed: ParsedRequest,
-        split: PromptSplit,
+        size: int,
         scopes: tuple[QuotaScope, ...],
-    ) -> None:
+    ) -> PromptSplit | None:
+        """Reserve every limit, or raise the 429; returns the prompt's split if it was counted.
+
+        A small body is counted exactly first (on the loop: at most ``OFFLOAD_BYTES``). A large
+        one is first reserved with a bound that needs no tokenizer (every token is at least one
+        byte of the body), so a key at its limit is refused before any counting; only when
+        that bound is refused by a token limit is the prompt counted, off the loop, and the
+        reservation tried with the exact figure. A large request admitted on the bound holds
+        that bound until its settle, which charges the real tokens.
+        """
         limit = parsed.payload.get("max_completion_tokens") or parsed.payload.get("max_tokens")
-        out = limit if isinstance(limit, int) else model.default_max_tokens
-        cost = 0
-        if any(s.unit == "cost" for s in scopes):  # spend budgets: the most this can cost
-            price = self.gateway.runtime.prices.lookup(model.name, ctx.tenant)
-            if price is not None:
-                cost = price_usage(
-                    price, system=split.system, history=split.history, new=split.new,
-                    tools=split.tools, cached=0, output=out,
-                    batch=ctx.request_class == "batch",
-                ).total
-        request = QuotaRequest(
-            request_id=ctx.request_id, tenant=ctx.tenant or "default", scopes=scopes,
-            estimated_tokens=split.total + out, key_id=ctx.key_id, model=model.name,
-            estimated_cost=cost,
-        )
-        try:
-            decision = await admission.reserve(request)
-        except QuotaUnavailable as exc:
-            ctx.quota = "unavailable"
-            raise QuotaStoreUnavailable(
-                "quota store unavailable; retry shortly", headers={"Retry-After": "1"}
-            ) from exc
+        out = limit if isinstance(limit, int) and limit >= 0 else model.default_max_tokens
+        split: PromptSplit | None = None
+        if size <= OFFLOAD_BYTES:
+            split = self._count(model, parsed)
+            decision = await self._reserve(runtime, admission, ctx, model, scopes, split, out)
+        else:
+            bound = PromptSplit(new=size)
+            decision = await self._reserve(runtime, admission, ctx, model, scopes, bound, out)
+            if not decision.admitted and decision.limit in _TOKEN_LIMITS:
+                split = await off_loop(lambda: self._count(model, parsed))
+                decision = await self._reserve(runtime, admission, ctx, model, scopes, split,
+                                               out)
         if not decision.admitted:
             name = str(decision.limit)
             if (decision.scope or "").startswith("cost"):  # spend budgets count cost
@@ -356,6 +406,41 @@ class ProxyHandler:
                 headers={"Retry-After": str(wait)},
             )
         ctx.quota = "admitted"
+        return split
+
+    async def _reserve(
+        self,
+        runtime: Runtime,
+        admission: Admission,
+        ctx: RequestContext,
+        model: Model,
+        scopes: tuple[QuotaScope, ...],
+        split: PromptSplit,
+        out: int,
+    ) -> Decision:
+        """One reserve for an estimate of ``split`` + ``out`` tokens, priced from this
+        request's own policy snapshot."""
+        cost = 0
+        if any(s.unit == "cost" for s in scopes):  # spend budgets: the most this can cost
+            price = runtime.prices.lookup(model.name, ctx.tenant)
+            if price is not None:
+                cost = price_usage(
+                    price, system=split.system, history=split.history, new=split.new,
+                    tools=split.tools, cached=0, output=out,
+                    batch=ctx.request_class == "batch",
+                ).total
+        request = QuotaRequest(
+            request_id=ctx.request_id, tenant=ctx.tenant or "default", scopes=scopes,
+            estimated_tokens=split.total + out, key_id=ctx.key_id, model=model.name,
+            estimated_cost=cost,
+        )
+        try:
+            return await admission.reserve(request)
+        except QuotaUnavailable as exc:
+            ctx.quota = "unavailable"
+            raise QuotaStoreUnavailable(
+                "quota store unavailable; retry shortly", headers={"Retry-After": "1"}
+            ) from exc
 
     def _count(self, model: Model, parsed: ParsedRequest) -> PromptSplit:
         counter = self.gateway.counter(model.encoding)
@@ -366,26 +451,42 @@ class ProxyHandler:
             return counter.count_embedding(parsed.payload)
         return counter.count_completion(parsed.payload)
 
-    def _account(
+    async def _account(
         self,
         runtime: Runtime,
         ctx: RequestContext,
         model: Model,
         parsed: ParsedRequest,
+        size: int,
         forwarded: Forwarded,
         scanner: StreamScanner | None,
-        split: PromptSplit,
+        split: PromptSplit | None,
     ) -> TokenUsage:
-        """Tokens by kind and their cost, after the response (off the latency path)."""
+        """Tokens by kind and their cost, after the response (off the latency path).
+
+        Large work (a large prompt not counted yet, a large body, a stream whose backend
+        reported no usage and whose delivered text must be tokenised) runs on the counting
+        thread, so the loop never stalls on it.
+        """
         counter = self.gateway.counter(model.encoding)
-        operation = self.endpoint.operation
+        remember = self.endpoint.operation == "chat"
         price = runtime.prices.lookup(model.name, ctx.tenant)
         batch = ctx.request_class == "batch"
-        if scanner is not None:
-            return account_stream(split, scanner, counter, price=price, batch=batch,
-                                  remember_reply=operation == "chat")
-        return account_body(split, forwarded.body or b"", counter, price=price, batch=batch,
-                            remember_reply=operation == "chat")
+
+        def count() -> TokenUsage:
+            prompt = split or self._count(model, parsed)
+            if scanner is not None:
+                return account_stream(prompt, scanner, counter, price=price, batch=batch,
+                                      remember_reply=remember)
+            return account_body(prompt, forwarded.body or b"", counter, price=price,
+                                batch=batch, remember_reply=remember)
+
+        large = (
+            (split is None and size > OFFLOAD_BYTES)
+            or (scanner is not None and scanner.usage is None)
+            or len(forwarded.body or b"") > OFFLOAD_BYTES
+        )
+        return await off_loop(count) if large else count()
 
 
 # --- internal calls (batch lines) ------------------------------------------------------------
@@ -399,6 +500,7 @@ class InternalCall:
 
     identity: Identity
     request_class: str
+    request_id: str
     batch_id: str | None = None
 
 
@@ -412,9 +514,8 @@ async def call_internal(handler: ProxyHandler, line: LineCall) -> LineAnswer:
     """
     scope: dict[str, object] = {
         "type": "http", "method": "POST", "path": line.endpoint,
-        "headers": [(b"x-request-id", line.request_id.encode()),
-                    (b"content-length", str(len(line.body)).encode())],
-        INTERNAL: InternalCall(line.identity, "batch", line.batch_id),
+        "headers": [(b"content-length", str(len(line.body)).encode())],
+        INTERNAL: InternalCall(line.identity, "batch", line.request_id, line.batch_id),
     }
     sent = False
     never: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
@@ -463,20 +564,15 @@ def _wants_affinity(router: Router, model: Model) -> bool:
     )
 
 
-def _affinity_key(parsed: ParsedRequest) -> bytes | None:
-    """A conversation's identity: its ``user``, else a hash of its first messages."""
-    user = parsed.payload.get("user")
-    if isinstance(user, str) and user:
-        return b"u:" + user.encode()
-    messages = parsed.payload.get("messages")
-    if isinstance(messages, list) and messages:
-        return b"m:" + _encoder.encode(messages[:2])
-    return None
-
-
-def _sticky_key(mode: str, ctx: RequestContext, parsed: ParsedRequest) -> bytes | None:
-    if mode == "key":
+def _sticky_key(model: Model, ctx: RequestContext, conversation: bytes | None) -> bytes | None:
+    """What keeps a caller on one version of a model: its key, or its conversation."""
+    if model.sticky == "key":
         return (ctx.key_id or "").encode()
-    if mode == "conversation":
-        return _affinity_key(parsed)
+    if model.sticky == "conversation":
+        return conversation
     return None
+
+
+def _clip(text: str) -> str:
+    """Free text from the client, cut to a length an error message and a log line can carry."""
+    return text if len(text) <= _CLIP else text[:_CLIP] + "..."

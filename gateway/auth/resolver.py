@@ -14,16 +14,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.auth.keystore import digest_for
-from gateway.auth.static import KEY_PREFIX
+from gateway.auth.static import KEY_PREFIX, bearer_token
+from gateway.errors import AuthenticationFailed
 
 if TYPE_CHECKING:
     from gateway.auth.keystore import KeyRecord, KeyStore
     from gateway.auth.static import StaticKeys
     from gateway.config import ApiKey, LimitSet
 
-__all__ = ["Identity", "KeyResolver"]
+__all__ = ["INVALID_KEY", "Identity", "KeyResolver"]
 
 _CACHE_MAX = 100_000
+
+#: the one answer to every bad key, on every route
+INVALID_KEY = "Invalid API key. Pass a valid key as 'Authorization: Bearer <key>'."
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,18 @@ class KeyResolver:
         self.secret = secret or b""
         self.cache_ttl = cache_ttl
         self._cache: dict[str, tuple[float, Identity | None]] = {}
+
+    async def authenticate(self, authorization: bytes | None) -> Identity | None:
+        """The caller of a request from its ``Authorization`` header: the one check every
+        route runs (proxy, models, files, batches, usage).
+
+        None means an anonymous caller, allowed only when the policy does not require keys;
+        otherwise a missing or bad key raises :class:`AuthenticationFailed`.
+        """
+        identity = await self.identify(bearer_token(authorization))
+        if identity is None and self.static.required:
+            raise AuthenticationFailed(INVALID_KEY)
+        return identity
 
     async def identify(self, token: str | None) -> Identity | None:
         if token is None:

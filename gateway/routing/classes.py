@@ -1,7 +1,9 @@
 """Which class a request belongs to: a pure function of the request and the policy.
 
 In order: the ``X-Request-Class`` header (only if the key may set it), the key's default, the
-tenant's default, the first matching route rule, the configured default.
+tenant's default, the first matching route rule, the configured default. A header that names no
+declared class is an error (:class:`UnknownClass`), whether or not the key may set the class:
+silently ignoring a typo would send a client's bulk work to the interactive pool.
 """
 
 from __future__ import annotations
@@ -12,7 +14,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gateway.config import RouteRule, Routing
 
-__all__ = ["resolve_class"]
+__all__ = ["UnknownClass", "resolve_class"]
+
+
+class UnknownClass(ValueError):
+    """The ``X-Request-Class`` header names a class the policy does not declare."""
+
+    def __init__(self, name: str, known: Any) -> None:
+        shown = name if len(name) <= 64 else name[:64] + "..."
+        super().__init__(
+            f"unknown request class '{shown}' in X-Request-Class; the classes are: "
+            + ", ".join(sorted(known))
+        )
 
 
 def _matches(rule: RouteRule, model: str, endpoint: str, payload: dict[str, Any],
@@ -47,8 +60,11 @@ def resolve_class(
     stream: bool,
 ) -> str:
     """The request's class name. ``known`` is the set (or mapping) of declared class names."""
-    if header and header in known and (routing.class_header or allow_header):
-        return header
+    if header:
+        if header not in known:
+            raise UnknownClass(header, known)
+        if routing.class_header or allow_header:
+            return header
     if key_default:
         return key_default
     if tenant_default:

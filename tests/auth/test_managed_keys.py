@@ -145,3 +145,28 @@ def test_admin_disabled_without_token(tmp_path: Path) -> None:
     ):
         r = httpx.post(gw.url + "/admin/reload", headers={"Authorization": "Bearer x"})
         assert r.status_code == 404
+
+
+def test_managed_key_accepted_on_every_route(setup) -> None:  # type: ignore[no-untyped-def]
+    """One authentication path: a managed key works on /v1/models as on the proxy routes,
+    and a bad key gets the same 401 on each."""
+    gw, _, _ = setup
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    key = httpx.post(gw.url + "/admin/keys", json={"tenant": "acme", "name": "m"},
+                     headers=admin).json()["key"]
+    auth = {"Authorization": f"Bearer {key}"}
+    assert _chat(gw, key).status_code == 200
+    listed = httpx.get(gw.url + "/v1/models", headers=auth)
+    assert listed.status_code == 200, listed.text
+    assert [m["id"] for m in listed.json()["data"]] == ["chat-model"]
+    assert httpx.get(gw.url + "/v1/models/chat-model", headers=auth).status_code == 200
+    assert httpx.get(gw.url + "/v1/batches", headers=auth).status_code == 200
+    assert httpx.get(gw.url + "/v1/usage", headers=auth).status_code == 200
+    bad = {"Authorization": "Bearer sk-gw-not-a-key"}
+    messages = {r.json()["error"]["message"] for r in (
+        httpx.get(gw.url + "/v1/models", headers=bad),
+        httpx.get(gw.url + "/v1/batches", headers=bad),
+        httpx.get(gw.url + "/v1/usage", headers=bad),
+        httpx.post(gw.url + "/v1/chat/completions", headers=bad, json={}),
+    )}
+    assert len(messages) == 1

@@ -81,15 +81,35 @@ def test_model_rewritten_and_fields_pass_through(echo_gateway) -> None:  # type:
     assert echo.requests[-1]["path"] == "/v1/chat/completions"
 
 
-def test_request_id_kept_or_made(echo_gateway) -> None:  # type: ignore[no-untyped-def]
-    """A well-formed client x-request-id is kept end to end; a malformed one is replaced."""
+def test_request_id_is_the_gateways_client_id_is_correlation(echo_gateway) -> None:  # type: ignore[no-untyped-def]
+    """The request id is always the gateway's; a client's id travels beside it, never as it."""
     gw, echo = echo_gateway
     r = _post(gw.url, **{"X-Request-Id": "client-abc.123"})
-    assert r.headers["x-request-id"] == "client-abc.123"
-    assert echo.requests[-1]["headers"]["x-request-id"] == "client-abc.123"
+    own = r.headers["x-request-id"]
+    assert own != "client-abc.123" and len(own) == 32
+    assert r.headers["x-client-request-id"] == "client-abc.123"
+    seen = echo.requests[-1]["headers"]
+    assert seen["x-request-id"] == own
+    assert seen["x-client-request-id"] == "client-abc.123"
+    # the same client id twice: two requests, two ids
+    again = _post(gw.url, **{"X-Request-Id": "client-abc.123"}).headers["x-request-id"]
+    assert again != own
+    # x-client-request-id (as the openai SDKs send it) is kept as the client sent it
+    r = _post(gw.url, **{"X-Client-Request-Id": "sdk-7"})
+    assert r.headers["x-client-request-id"] == "sdk-7"
+    assert echo.requests[-1]["headers"]["x-client-request-id"] == "sdk-7"
     r = _post(gw.url, **{"X-Request-Id": "bad id with spaces"})
-    assert r.headers["x-request-id"] != "bad id with spaces"
     assert len(r.headers["x-request-id"]) == 32
+    assert "x-client-request-id" not in r.headers
+
+
+def test_response_carries_the_public_model_name(echo_gateway) -> None:  # type: ignore[no-untyped-def]
+    """The backend answers as 'sim-model'; the client asked for 'echo-model' and gets it."""
+    gw, echo = echo_gateway
+    r = _post(gw.url)
+    assert r.status_code == 200
+    assert echo.requests[-1]["body"]["model"] == "sim-model"
+    assert r.json()["model"] == "echo-model"
 
 
 def test_backend_headers_relayed_but_not_framing(echo_gateway) -> None:  # type: ignore[no-untyped-def]

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.config import ApiKey, Backend, Health, Model, Retry, RouteRule, Routing, Version
 from gateway.routing.backend import BackendState
-from gateway.routing.classes import resolve_class
+from gateway.routing.classes import UnknownClass, resolve_class
 from gateway.routing.retry import RetryBudget, backoff
 from gateway.routing.rollout import choose_version
 
@@ -35,7 +35,10 @@ def test_class_order_header_key_rules_default() -> None:
     assert _resolve(routing) == "interactive"
     assert _resolve(routing, header="batch") == "interactive"  # key may not set it
     assert _resolve(routing, header="batch", key=allowed) == "batch"
-    assert _resolve(routing, header="nonsense", key=allowed) == "interactive"
+    with pytest.raises(UnknownClass, match="interactive"):  # names the declared classes
+        _resolve(routing, header="nonsense", key=allowed)
+    with pytest.raises(UnknownClass):  # even where the key may not set the class
+        _resolve(routing, header="nonsense")
     assert _resolve(routing, key=plain) == "batch"
     assert _resolve(routing, tenant_default="batch") == "batch"
     assert _resolve(routing, key=allowed, tenant_default="batch", header="interactive") == (

@@ -12,6 +12,7 @@ MS = 1_000_000
 @dataclass
 class FakeContext:
     request_id: str = "req-1"
+    client_request_id: str | None = None
     endpoint: str = "/v1/chat/completions"
     started_ns: int = 1_000_000_000_000
     key_id: str | None = "key-1"
