@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,7 +28,7 @@ from gateway.api.parse import ENDPOINTS
 from gateway.api.proxy import ProxyHandler, request_id_for
 from gateway.api.usage import usage_handlers
 from gateway.batch import BatchRunner
-from gateway.config import load_policy
+from gateway.config import PolicyError, load_policy
 from gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound, error_body
 from gateway.runtime import Gateway
 
@@ -41,6 +42,8 @@ __all__ = ["CONFIG_ENV", "app_from_env", "create_app"]
 
 #: where ``gateway serve`` tells worker processes which policy to load
 CONFIG_ENV = "GATEWAY_CONFIG"
+#: how long a scrape waits for the other workers to flush what they have counted
+SCRAPE_FLUSH_TIMEOUT = 2.0
 
 
 def _error_response(error: GatewayError) -> Response[bytes]:
@@ -197,6 +200,8 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
     @get("/metrics")
     async def metrics() -> Response[bytes]:
         gateway.finished.flush()  # requests finished in the last few ms count too
+        if gateway.siblings is not None:  # and those the other workers answered
+            await gateway.siblings.broadcast("flush", SCRAPE_FLUSH_TIMEOUT)
         body, content_type = gateway.metrics.render()
         return Response(body, media_type=content_type)
 
@@ -227,7 +232,14 @@ def app_from_env() -> Litestar:
     if not logging.getLogger().handlers:  # structured logging replaces this when configured
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
     source = os.environ[CONFIG_ENV]
-    app = create_app(load_policy(source), source)
+    try:
+        policy = load_policy(source)
+    except PolicyError as exc:
+        # a worker (re)started on a policy that is now invalid (uvicorn restarts its workers
+        # on SIGHUP): the one-line reason, as ``gateway check`` prints it, not a traceback
+        print(f"gateway: invalid policy: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    app = create_app(policy, source)
     tune_gc()
     return app
 

@@ -39,6 +39,7 @@ from gateway.telemetry import (
 )
 from gateway.upstream.base import make_upstream
 from gateway.upstream.monitors import Monitors
+from gateway.workers import Siblings, workers_dir
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -172,6 +173,9 @@ class Gateway:
         self.shadow_stats = ShadowStats()
         self._monitors: Monitors | None = None
         self._reload_lock = asyncio.Lock()
+        # the other workers of this server (--workers N), for reloads and scrapes that must
+        # reach all of them; None in a single process
+        self.siblings: Siblings | None = None
         # --- batch jobs (issue 9): files and state here; the runner is set by create_app,
         # which knows the proxy routes its lines go through
         self.batches = make_batch_jobs(policy.batch, os.environ.get(policy.store.redis_url_env))
@@ -184,6 +188,11 @@ class Gateway:
         return counter
 
     async def start(self) -> None:
+        shared = workers_dir()
+        if shared is not None:
+            self.siblings = Siblings(shared, {"reload": self._reload_for_sibling,
+                                              "flush": self._flush_for_sibling})
+            await self.siblings.start()
         await self.upstream.start()
         await self.ledger.start()
         await self.batches.open()  # batch jobs (issue 9)
@@ -217,7 +226,20 @@ class Gateway:
             mtime = self._policy_mtime()
             if mtime != seen:
                 seen = mtime
-                await reload_logged(self, "file change")
+                await reload_logged(self, "file change", propagate=False)  # each one watches
+
+    async def _reload_for_sibling(self) -> dict[str, Any]:
+        """Another worker reloaded (admin call, SIGHUP): re-read the policy here too."""
+        from gateway.api.admin import reload_logged
+
+        return await reload_logged(self, "a sibling worker", propagate=False)
+
+    async def _flush_for_sibling(self) -> dict[str, Any]:
+        """Another worker is answering ``/metrics``: put what waits here into the shared
+        files first, so the scrape counts every request this worker has answered."""
+        self.finished.flush()
+        self.metrics.flush()
+        return {"flushed": True}
 
     def settle_later(self, settle: Coroutine[Any, Any, None]) -> None:
         """Run a request's quota settle without the request waiting for it.
@@ -232,6 +254,8 @@ class Gateway:
         task.add_done_callback(self.settles.discard)
 
     async def close(self) -> None:
+        if self.siblings is not None:
+            await self.siblings.close()
         if self.batch_runner is not None:  # batch jobs (issue 9): lines in flight finish and
             await self.batch_runner.stop()  # are recorded while upstream and ledger are open
         if self._monitors is not None:
