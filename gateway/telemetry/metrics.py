@@ -88,16 +88,26 @@ def _observe(hist: _Hist, value: float) -> None:
 
 
 class _Hist:
-    """Bucket counts and sum gathered since the last flush, for one histogram child."""
+    """Bucket counts and sum gathered since the last flush, for one histogram child.
 
-    __slots__ = ("bounds", "child", "counts", "sum")
+    The child is made at the first flush with something to add: a label set that never saw a
+    value (the TTFT of a 401 that has no model, pool or class) exports no all-zero series.
+    """
 
-    def __init__(self, child: Any, bounds: tuple[float, ...]) -> None:
-        self.child, self.bounds = child, bounds
+    __slots__ = ("bounds", "child", "counts", "family", "labels", "sum")
+
+    def __init__(self, family: Histogram, labels: tuple[str, ...],
+                 bounds: tuple[float, ...]) -> None:
+        self.family, self.labels, self.bounds = family, labels, bounds
+        self.child: Any = None
         self.counts = [0] * (len(bounds) + 1)  # the last is +Inf
         self.sum = 0.0
 
     def flush(self) -> None:
+        if not any(self.counts):
+            return
+        if self.child is None:
+            self.child = self.family.labels(*self.labels)
         # prometheus_client has no bulk observe: add to its per-bucket values (non-cumulative
         # in both single and multiprocess mode; cumulated at collection) and to its sum
         buckets = self.child._buckets
@@ -111,38 +121,46 @@ class _Hist:
 
 
 class _Bound:
-    """One label set's children, and what was counted for it since the last flush.
+    """One label set's counts since the last flush, and its children once they have any.
 
     Per request the hot path adds to plain ints and keeps the request's usage for the flush to
     add up (~1.5 µs for all of a request's metrics); :meth:`flush` moves the sums into
     prometheus_client (~0.3-0.8 µs per value, paid once per label set per flush instead of per
-    request).
+    request). A child is bound the first time it has something to add, so no series is
+    exported at zero (retries, tokens, TTFT of a request that had none).
     """
 
-    __slots__ = ("duration", "failover_child", "failovers", "request_child", "requests",
-                 "retries", "retry_child", "token_children", "tpot", "ttft", "usages")
+    __slots__ = ("duration", "failover_child", "failovers", "metrics", "request_child",
+                 "requests", "retries", "retry_child", "route", "tenant", "token_children",
+                 "tpot", "ttft", "usages")
 
     def __init__(self, m: Metrics, model: str, pool: str, cls: str, status: str,
                  tenant: tuple[str, ...]) -> None:
         route = (model, pool, cls)
+        self.metrics, self.route, self.tenant = m, route, tenant
         self.request_child = m.requests.labels(*route, status, *tenant)
-        self.retry_child = m.retries.labels(*route)
-        self.failover_child = m.failovers.labels(*route)
-        self.token_children = tuple(m.tokens.labels(*route, kind, *tenant) for kind in _KINDS)
-        self.duration = _Hist(m.duration.labels(*route), DURATION_BUCKETS)
-        self.ttft = _Hist(m.ttft.labels(*route), TTFT_BUCKETS)
-        self.tpot = _Hist(m.tpot.labels(*route), TPOT_BUCKETS)
+        self.retry_child: Any = None
+        self.failover_child: Any = None
+        self.token_children: list[Any] = [None] * len(_KINDS)
+        self.duration = _Hist(m.duration, route, DURATION_BUCKETS)
+        self.ttft = _Hist(m.ttft, route, TTFT_BUCKETS)
+        self.tpot = _Hist(m.tpot, route, TPOT_BUCKETS)
         self.requests = self.retries = self.failovers = 0
         self.usages: list[UsageView] = []  # since the last flush; summed there, not per request
 
     def flush(self) -> None:
+        m = self.metrics
         if self.requests:
             self.request_child.inc(self.requests)
             self.requests = 0
         if self.retries:
+            if self.retry_child is None:
+                self.retry_child = m.retries.labels(*self.route)
             self.retry_child.inc(self.retries)
             self.retries = 0
         if self.failovers:
+            if self.failover_child is None:
+                self.failover_child = m.failovers.labels(*self.route)
             self.failover_child.inc(self.failovers)
             self.failovers = 0
         if self.usages:
@@ -156,11 +174,12 @@ class _Bound:
                 tools += u.tools
                 cached += u.cached
                 output += u.output
-            for child, n in zip(self.token_children,
-                                (prompt, system, history, new, tools, cached, output),
-                                strict=True):
+            children = self.token_children
+            for i, n in enumerate((prompt, system, history, new, tools, cached, output)):
                 if n:
-                    child.inc(n)
+                    if children[i] is None:
+                        children[i] = m.tokens.labels(*self.route, _KINDS[i], *self.tenant)
+                    children[i].inc(n)
         self.duration.flush()
         self.ttft.flush()
         self.tpot.flush()

@@ -175,3 +175,26 @@ def test_reads_tenant_and_usage_from_the_context() -> None:
     m.observe_request(ctx)
     body = m.render()[0]
     assert value(body, "gateway_tokens_total", **ROUTE, kind="output", tenant="acme") == 31
+
+
+def test_no_zero_series_with_empty_labels() -> None:
+    """A request refused before it had a model, pool or class (a 401) is counted once, and
+    leaves no all-zero token, retry, failover, TTFT or TPOT series with empty labels
+    (issue 14, point 23)."""
+    m = Metrics()
+    refused = FakeContext(status=401, request_model=None, pool=None, request_class=None,
+                          backend=None, attempts=0, stream=False,
+                          finished_ns=FakeContext().started_ns + 1_000_000)
+    m.observe_request(refused)
+    m.observe_request(finished(), FakeUsage())  # a normal one beside it
+    body, _ = m.render()
+    empty_zero = [(name, dict(labels)) for (name, labels), v in samples(body).items()
+                  if v == 0 and any(val == "" for _, val in labels)]
+    assert empty_zero == []
+    assert value(body, "gateway_requests_total", model="", pool="", status="401",
+                 **{"class": ""}) == 1
+    names = {name for (name, labels), _ in samples(body).items()
+             if dict(labels).get("model") == ""}
+    assert names == {"gateway_requests_total", "gateway_request_duration_seconds_bucket",
+                     "gateway_request_duration_seconds_count",
+                     "gateway_request_duration_seconds_sum"}
