@@ -3,15 +3,34 @@
 A stream is relayed as the bytes arrive (no re-framing, no buffering), so the client sees each
 token when the backend sends it. Once the first byte has gone out nothing can be retried; a
 stream that breaks later ends with an SSE error event and a clean close.
+
+The request's total deadline (``timeouts.total``, from the attempt that answered) bounds the
+relay too: a client that stops reading would otherwise hold the stream, the backend connection
+and the backend's ``max_in_flight`` slot for as long as it keeps the socket open. One timer on
+the deadline wheel per request (not a timeout per chunk) marks the deadline; if the relay is
+then waiting in ``send`` for the client to read, that wait is cancelled. The response is left
+unfinished, so the server protocol closes the connection, and the caller's ``finally`` closes
+the backend response and releases the slot.
+
+What of a backend's error answer reaches the client:
+
+* 4xx bodies are relayed (they say what was wrong with the request: a context too long, a bad
+  parameter), after :func:`~gateway.upstream.forward.scrub` removes the backend's own key, the
+  one secret the gateway sends it, since a backend may echo the request's headers.
+* 5xx bodies are not: the client gets a 502 naming the backend and its status, and the first
+  bytes of the body go to the log, redacted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from gateway.deadlines import wheel
 from gateway.errors import BackendFailure, error_body
 from gateway.upstream.errors import UpstreamError
+from gateway.upstream.forward import log_error_body, scrub
 from gateway.upstream.translate import as_gateway_error
 
 if TYPE_CHECKING:
@@ -22,7 +41,47 @@ if TYPE_CHECKING:
 
 __all__ = ["relay_response"]
 
-_EXCERPT = 300
+_DEADLINE_ERROR = "total timeout: the client did not read the response in time"
+
+
+class _Expired(Exception):
+    """The request's total deadline passed while relaying."""
+
+
+class _Guarded:
+    """``send`` bounded by a deadline: one wheel timer; a send waiting at the deadline is
+    cancelled, and every later send raises :class:`_Expired` at once."""
+
+    __slots__ = ("_handle", "_send", "_task", "_wheel", "expired", "sending")
+
+    def __init__(self, send: Send, deadline: float) -> None:
+        self._send = send
+        self._task = asyncio.current_task()
+        self.expired = False
+        self.sending = False
+        self._wheel = wheel()
+        self._handle = self._wheel.add(max(0.0, deadline - time.monotonic()), self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        if self.sending and self._task is not None:
+            self._task.cancel()  # only ever while suspended in the send below
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if self.expired:
+            raise _Expired
+        self.sending = True
+        try:
+            await self._send(message)
+        except asyncio.CancelledError:
+            if self.expired and self._task is not None and self._task.uncancel() == 0:
+                raise _Expired from None
+            raise
+        finally:
+            self.sending = False
+
+    def close(self) -> None:
+        self._wheel.cancel(self._handle)
 
 
 async def relay_response(
@@ -32,34 +91,64 @@ async def relay_response(
     extra: RawHeaders,
     scanner: StreamScanner | None = None,
 ) -> None:
-    """Send the backend's answer to the client; raises GatewayError before the first byte only."""
+    """Send the backend's answer to the client; raises GatewayError before the first byte only.
+
+    Returns with the response unfinished when the total deadline passes (the server closes the
+    connection); the caller closes ``forwarded.response`` and releases the backend.
+    """
     response = forwarded.response
     status = response.status
     ctx.status = status
     if status >= 500:  # not retryable (e.g. 501): report it as a backend failure
+        await log_error_body(response, forwarded.backend)
+        raise BackendFailure(f"backend '{ctx.backend}' answered {status}")
+    guarded = _Guarded(send, forwarded.deadline)
+    try:
+        if response.is_stream and status < 400:
+            await _relay_stream(forwarded, ctx, guarded, extra, scanner)
+        else:
+            await _relay_whole(forwarded, ctx, guarded, extra)
+    except _Expired:
+        ctx.outcome, ctx.error = "failed", _DEADLINE_ERROR
+    finally:
+        guarded.close()
+
+
+async def _relay_whole(
+    forwarded: Forwarded, ctx: RequestContext, send: _Guarded, extra: RawHeaders
+) -> None:
+    response = forwarded.response
+    status = response.status
+    body = forwarded.body
+    if body is None:
         try:
-            text = (await response.read())[:_EXCERPT].decode("utf-8", "replace")
-        except UpstreamError:
-            text = ""
-        raise BackendFailure(f"backend '{ctx.backend}' answered {status}: {text}".rstrip(": "))
+            body = await response.read()
+        except UpstreamError as exc:
+            raise as_gateway_error(exc, ctx.backend or "?") from exc
     headers = response.headers + extra
-    if not response.is_stream:
-        body = forwarded.body
-        if body is None:
-            try:
-                body = await response.read()
-            except UpstreamError as exc:
-                raise as_gateway_error(exc, ctx.backend or "?") from exc
-        headers.append((b"content-length", str(len(body)).encode()))
-        ctx.response_started = True
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        ctx.first_token_ns = time.perf_counter_ns()
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-        ctx.finished_ns = time.perf_counter_ns()
-        ctx.outcome = "completed"
-        return
+    if status >= 400:
+        body = scrub(body, forwarded.backend)
+        headers = [(n, v) for n, v in headers if n.lower() != b"content-length"]
+    headers.append((b"content-length", str(len(body)).encode()))
     ctx.response_started = True
     await send({"type": "http.response.start", "status": status, "headers": headers})
+    ctx.first_token_ns = time.perf_counter_ns()
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+    ctx.finished_ns = time.perf_counter_ns()
+    ctx.outcome = "completed"
+
+
+async def _relay_stream(
+    forwarded: Forwarded,
+    ctx: RequestContext,
+    send: _Guarded,
+    extra: RawHeaders,
+    scanner: StreamScanner | None,
+) -> None:
+    response = forwarded.response
+    ctx.response_started = True
+    await send({"type": "http.response.start", "status": response.status,
+                "headers": response.headers + extra})
     chunks = 0
     try:
         if forwarded.first_chunk is not None:

@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from gateway.config import Backend, Health
 
-__all__ = ["EWMA_ALPHA", "BackendState"]
+__all__ = ["EWMA_ALPHA", "RETRY_AFTER_CAP", "BackendState"]
 
 EWMA_ALPHA = 0.2  # weight of the newest observation in the latency averages
+#: default longest Retry-After wait, in seconds (the policy's ``routing.retry.retry_after_max``)
+RETRY_AFTER_CAP = 60.0
 
 
 class BackendState:
@@ -121,8 +123,18 @@ class BackendState:
             return True
         return False
 
-    def on_retry_after(self, seconds: float, now: float | None = None) -> None:
-        self.not_before = (now or time.monotonic()) + seconds
+    def on_retry_after(self, seconds: float, now: float | None = None,
+                       cap: float = RETRY_AFTER_CAP) -> None:
+        """Keep out of picks for ``seconds`` (a backend's Retry-After), never more than ``cap``.
+
+        The clamp is here as well as in the parser because this is where the wait is spent: an
+        infinite or absurd value would sideline the backend for good (and ``int(inf)`` in a
+        pool's Retry-After hint would fail every later request); NaN and <= 0 are ignored.
+        """
+        if not seconds > 0:  # also NaN
+            return
+        start = time.monotonic() if now is None else now
+        self.not_before = start + min(seconds, cap)
 
     # --- latency
     def observe(self, ttft: float | None, tpot: float | None) -> None:

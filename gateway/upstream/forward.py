@@ -6,13 +6,23 @@ fallback) -> ``_attempt`` (one backend: send, judge the answer, wait for the fir
 Retried: connect errors, timeouts before the first token, broken connections before it, and
 429/500/502/503/504 answers - on a different backend, then on the pool's fallback pool, with
 exponential back-off and jitter, bounded by ``retry.max_attempts``, the request's deadline and
-the retry budget. A backend's ``Retry-After`` keeps it out of picks for that long. Nothing is
-retried once the first byte has gone to the client: that is the relay's business.
+the retry budget. A backend's ``Retry-After`` keeps it out of picks for that long, capped by
+``routing.retry.retry_after_max``; it is parsed as RFC 9110 says (delta-seconds, or an
+HTTP-date), and anything else (``inf``, ``nan``, ``-1``, ``1.5e9``, garbage) is ignored. Nothing
+is retried once the first byte has gone to the client: that is the relay's business.
+
+A backend's error body never reaches the client inside a gateway message: a backend that echoes
+request headers would hand out its own API key. The first bytes of it go to the log instead,
+through the redactor (which also removes the backend's key); the client's message says which
+backend answered which status.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,6 +30,7 @@ from typing import TYPE_CHECKING
 from gateway.errors import BackendFailure, GatewayError, NoBackendAvailable, RateLimited
 from gateway.routing.errors import NoHealthyBackend, PoolCoolingDown, PoolSaturated
 from gateway.routing.retry import RETRYABLE_STATUS, backoff
+from gateway.telemetry.redact import Redactor
 from gateway.telemetry.spans import NOOP_SPAN
 from gateway.upstream.errors import UpstreamError
 from gateway.upstream.translate import as_gateway_error
@@ -34,9 +45,13 @@ if TYPE_CHECKING:
     from gateway.types import RawHeaders
     from gateway.upstream.base import UpstreamClient, UpstreamResponse
 
-__all__ = ["Forwarded", "forward"]
+__all__ = ["Forwarded", "forward", "parse_retry_after"]
+
+log = logging.getLogger("gateway.upstream")
 
 _EXCERPT = 300
+#: more digits than this is a wait of over 31 years: the cap applies whatever they say
+_MAX_DIGITS = 9
 
 
 @dataclass(slots=True)
@@ -50,6 +65,8 @@ class Forwarded:
     first_chunk: bytes | None  # for streams: the first body chunk, already read
     first_chunk_ns: int | None
     body: bytes | None = None  # for whole (non-stream) responses: the body, already read
+    #: monotonic time by which the answer must be relayed (the attempt's start + ``total``)
+    deadline: float = math.inf
 
 
 class _Failed(Exception):
@@ -112,7 +129,7 @@ async def forward(
         try:
             with span.attempt(backend.label, pool.name):
                 return await _attempt(upstream, pool, backend, ctx, endpoint, body, headers,
-                                      timeouts)
+                                      timeouts, retry.retry_after_max)
         except _Failed as failed:
             last = failed.error
             pool.release(backend)
@@ -135,12 +152,14 @@ async def _attempt(
     body: bytes,
     headers: RawHeaders,
     timeouts: Timeouts,
+    retry_after_max: float,
 ) -> Forwarded:
     health = pool.config.health
     send_headers = headers
     if backend.auth_header:
         send_headers = [*headers, (b"authorization", backend.auth_header)]
     sent_ns = time.perf_counter_ns()
+    deadline = time.monotonic() + timeouts.total
     try:
         response = await upstream.post(backend.urls[endpoint], body, send_headers, timeouts)
     except UpstreamError as exc:
@@ -149,7 +168,7 @@ async def _attempt(
     try:
         status = response.status
         if status in RETRYABLE_STATUS:
-            raise _Failed(await _judge_failure(response, backend, health))
+            raise _Failed(await _judge_failure(response, backend, health, retry_after_max))
         first: bytes | None = None
         first_ns: int | None = None
         if status == 200 and ctx.stream and response.is_stream:
@@ -168,39 +187,77 @@ async def _attempt(
             except UpstreamError as exc:
                 backend.on_failure(health, time.monotonic())
                 raise _Failed(as_gateway_error(exc, backend.label)) from exc
-        return Forwarded(response, pool, backend, sent_ns, first, first_ns, body_read)
+        return Forwarded(response, pool, backend, sent_ns, first, first_ns, body_read, deadline)
     except BaseException:
         response.close()
         raise
 
 
 async def _judge_failure(
-    response: UpstreamResponse, backend: BackendState, health: Health
+    response: UpstreamResponse, backend: BackendState, health: Health, retry_after_max: float
 ) -> GatewayError:
     """Turn a retryable status into the error a client would see if no retry succeeds."""
     status = response.status
-    retry_after = _retry_after(response.headers)
-    try:
-        text = (await response.read())[:_EXCERPT].decode("utf-8", "replace")
-    except UpstreamError:
-        text = ""
+    retry_after = _retry_after(response.headers, retry_after_max)
+    await log_error_body(response, backend)
     now = time.monotonic()
     if status == 429:
-        backend.on_retry_after(retry_after or 1.0, now)
-        headers = {"Retry-After": str(int(retry_after))} if retry_after else None
-        return RateLimited(f"backend '{backend.label}' is rate limiting: {text}".rstrip(": "),
-                           headers=headers)
+        backend.on_retry_after(retry_after or 1.0, now, retry_after_max)
+        headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after else None
+        return RateLimited(f"backend '{backend.label}' is rate limiting", headers=headers)
     if retry_after:
-        backend.on_retry_after(retry_after, now)
+        backend.on_retry_after(retry_after, now, retry_after_max)
     backend.on_failure(health, now)
-    return BackendFailure(f"backend '{backend.label}' answered {status}: {text}".rstrip(": "))
+    return BackendFailure(f"backend '{backend.label}' answered {status}")
 
 
-def _retry_after(headers: RawHeaders) -> float | None:
+async def log_error_body(response: UpstreamResponse, backend: BackendState) -> None:
+    """Log the first bytes of a backend's error body, redacted (never sent to the client)."""
+    try:
+        raw = (await response.read())[:_EXCERPT]
+    except UpstreamError:
+        return
+    text = _REDACTOR.text(scrub(raw, backend).decode("utf-8", "replace"))
+    log.info("backend %s answered %d: %s", backend.label, response.status, text)
+
+
+_REDACTOR = Redactor()
+_REDACTED = b"[REDACTED]"
+
+
+def scrub(body: bytes, backend: BackendState) -> bytes:
+    """``body`` without the backend's own credential, the one secret the gateway sends it (a
+    client's credentials never reach a backend). An exact replacement inside what is a JSON
+    string in a JSON body, so the body stays valid; the log applies the pattern redactor too."""
+    header = backend.auth_header
+    if not header:
+        return body
+    key = header.removeprefix(b"Bearer ")
+    return body.replace(key, _REDACTED) if key in body else body
+
+
+def parse_retry_after(value: bytes, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` value asks for, or None when it is not one (RFC 9110 10.2.3).
+
+    Two forms: delta-seconds (digits only, so ``inf``, ``nan``, ``-1``, ``1e12`` and ``1.5``
+    are rejected) and an HTTP-date (a date in the past is 0). ``now`` is wall-clock time.
+    """
+    text = value.strip()
+    if text.isdigit() and text.isascii():
+        return float(int(text)) if len(text) <= _MAX_DIGITS else float(10**_MAX_DIGITS)
+    try:
+        when = email.utils.parsedate_to_datetime(text.decode("latin-1"))
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT
+        return None
+    wait = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, wait) if math.isfinite(wait) else None
+
+
+def _retry_after(headers: RawHeaders, cap: float) -> float | None:
     for name, value in headers:
         if name.lower() == b"retry-after":
-            try:
-                return max(0.0, float(value))
-            except ValueError:
-                return None
+            wait = parse_retry_after(value)
+            return None if wait is None else min(wait, cap)
     return None
