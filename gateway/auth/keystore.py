@@ -82,6 +82,10 @@ class KeyStore:
     async def revoke(self, key_id: str) -> KeyRecord | None:
         raise NotImplementedError
 
+    async def by_id(self, key_id: str) -> KeyRecord | None:
+        """The record of a key by its id (low rate: background checks, never per request)."""
+        return next((r for r in await self.list() if r.id == key_id), None)
+
     async def aclose(self) -> None:
         return None
 
@@ -180,6 +184,12 @@ class RedisKeyStore(KeyStore):
             if record is not None and (tenant is None or record.tenant == tenant):
                 out.append(record)
         return out
+
+    async def by_id(self, key_id: str) -> KeyRecord | None:
+        digest = await self.client.get(f"gw:k:i:{key_id}")
+        if digest is None:
+            return None
+        return await self.get(digest.decode() if isinstance(digest, bytes) else digest)
 
     async def revoke(self, key_id: str) -> KeyRecord | None:
         digest = await self.client.get(f"gw:k:i:{key_id}")

@@ -77,6 +77,7 @@ class KeyResolver:
         self.secret = secret or b""
         self.cache_ttl = cache_ttl
         self._cache: dict[str, tuple[float, Identity | None]] = {}
+        self._usable: dict[str, tuple[float, bool]] = {}
 
     async def authenticate(self, authorization: bytes | None) -> Identity | None:
         """The caller of a request from its ``Authorization`` header: the one check every
@@ -89,6 +90,24 @@ class KeyResolver:
         if identity is None and self.static.required:
             raise AuthenticationFailed(INVALID_KEY)
         return identity
+
+    async def key_usable(self, key_id: str) -> bool:
+        """Whether a key that authenticated earlier still may (work started under it, such as a
+        batch, stops when this turns False). Cached like lookups: within ``cache_ttl``."""
+        if key_id in self.static_identities:
+            return True
+        if self.store is None:
+            return False  # neither a key of this policy nor a managed one any more
+        now = time.monotonic()
+        hit = self._usable.get(key_id)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        record = await self.store.by_id(key_id)
+        usable = record is not None and record.usable(time.time())
+        if len(self._usable) >= _CACHE_MAX:
+            self._usable.clear()
+        self._usable[key_id] = (now + self.cache_ttl, usable)
+        return usable
 
     async def identify(self, token: str | None) -> Identity | None:
         if token is None:

@@ -213,6 +213,8 @@ class BatchRunner:
             if record.completed + record.failed >= record.total:
                 await self._finalize(record, "completed")
                 return
+            if not await self._key_usable(record):
+                return
             if work is None:
                 work = await self._open_work(record)
                 if work is None:
@@ -226,6 +228,27 @@ class BatchRunner:
                 await self._finalize(record, "cancelled")
         elif status == "finalizing" and record.final_lease < now:
             await self._finalize(record, record.final_status or "completed")
+
+    async def _key_usable(self, record: BatchRecord) -> bool:
+        """A batch runs only while the key that created it may still be used: a revoked or
+        expired key's batch is cancelled (lines in flight finish and are billed; no new line
+        starts), within the key cache's bound."""
+        if record.key_id is None:  # made without a key (keys not required): nothing to check
+            return True
+        try:
+            usable = await self.gateway.runtime.resolver.key_usable(record.key_id)
+        except Exception as exc:  # the key store is away: keep going, check again later
+            _log.warning("batch %s: cannot check key %s: %s", record.id, record.key_id, exc)
+            return True
+        if usable:
+            return True
+        _log.warning("batch %s: key %s was revoked or expired; cancelling the batch",
+                     record.id, record.key_id)
+        await self.jobs.state.transition(record.id, ("validating", "in_progress"),
+                                         {"status": "cancelling",
+                                          "cancelling_at": int(time.time())})
+        self._wake.set()
+        return False
 
     async def _open_work(self, record: BatchRecord) -> _Work | None:
         try:

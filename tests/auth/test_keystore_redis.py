@@ -28,6 +28,9 @@ async def _exercise(store: RedisKeyStore) -> None:
     assert again is not None and not again.usable(time.time())
     assert await store.get("0" * 64) is None
     assert await store.revoke("nope") is None
+    by_id = await store.by_id("id3")
+    assert by_id is not None and by_id.digest == records[3].digest and by_id.revoked
+    assert await store.by_id("nope") is None
 
 
 async def test_redis(tmp_path: Path) -> None:
