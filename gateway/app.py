@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import os
 import signal
 import sys
@@ -29,8 +30,14 @@ from gateway.api.proxy import ProxyHandler, request_id_for
 from gateway.api.usage import usage_handlers
 from gateway.batch import BatchRunner
 from gateway.config import PolicyError, load_policy
-from gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound, error_body
-from gateway.runtime import Gateway
+from gateway.errors import (
+    AuthenticationFailed,
+    GatewayError,
+    MethodNotAllowed,
+    RouteNotFound,
+    error_body,
+)
+from gateway.runtime import METRICS_TOKEN_ENV, Gateway
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -197,8 +204,15 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
         }
         return Response(body, status_code=200 if ready else 503)
 
+    metrics_token = os.environ.get(METRICS_TOKEN_ENV)
+
     @get("/metrics")
-    async def metrics() -> Response[bytes]:
+    async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+        if metrics_token and not hmac.compare_digest(
+                request.headers.get("authorization", "").encode(),
+                f"Bearer {metrics_token}".encode()):
+            raise AuthenticationFailed(
+                f"/metrics needs 'Authorization: Bearer <token>' (${METRICS_TOKEN_ENV})")
         gateway.finished.flush()  # requests finished in the last few ms count too
         if gateway.siblings is not None:  # and those the other workers answered
             await gateway.siblings.broadcast("flush", SCRAPE_FLUSH_TIMEOUT)

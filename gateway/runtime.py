@@ -47,9 +47,11 @@ if TYPE_CHECKING:
     from gateway.config import ApiKey, Model, Plan, Policy, Store, Tenant
     from gateway.quota import Scope
 
-__all__ = ["Gateway", "Runtime"]
+__all__ = ["METRICS_TOKEN_ENV", "Gateway", "Runtime"]
 
 _log = logging.getLogger("gateway.runtime")
+#: when set, ``/metrics`` needs ``Authorization: Bearer <it>`` and exports per-tenant series
+METRICS_TOKEN_ENV = "GATEWAY_METRICS_TOKEN"
 #: how long shutdown waits for quota settles still running (each is bounded by the store's own
 #: Redis timeout; this is the backstop)
 SETTLE_DRAIN_S = 5.0
@@ -65,7 +67,8 @@ def _without_none(value: Any) -> Any:
 def _secrets(policy: Policy) -> tuple[str, ...]:
     """Values the logs must never show: backend keys, the admin token, the key secret."""
     names = {b.api_key_env for p in policy.pools for b in p.backends if b.api_key_env}
-    names |= {"GATEWAY_ADMIN_TOKEN", policy.auth.key_secret_env, policy.store.redis_url_env}
+    names |= {"GATEWAY_ADMIN_TOKEN", METRICS_TOKEN_ENV, policy.auth.key_secret_env,
+              policy.store.redis_url_env}
     return tuple(v for n in sorted(names) if (v := os.environ.get(n)) and len(v) >= 6)
 
 
@@ -155,6 +158,8 @@ class Gateway:
         self.metrics = Metrics(
             enabled=os.environ.get("GATEWAY_METRICS", "on").lower() not in ("off", "0", "false"),
             tenant_label=False, tenant_cap=100,
+            # tenants and their spend only on a protected /metrics
+            tenant_series=bool(os.environ.get(METRICS_TOKEN_ENV)),
         )
         self.access_log = setup_logging(LogSettings.from_env(secrets=_secrets(policy)))
         self.finished = FinishedRequests(self.metrics, self.access_log)

@@ -24,6 +24,10 @@ Label cardinality is bounded: model, pool, class and backend come from the polic
 the gateway. The optional tenant label takes the first ``tenant_cap`` tenants a worker sees;
 the rest read ``other`` (per worker: with N workers up to N x cap names may appear in total).
 ``gateway_spend_total`` always has the (capped) tenant label - spend per tenant is its point.
+
+Per-tenant values are for a protected endpoint: with ``tenant_series=False`` (the gateway's
+choice when ``/metrics`` has no token, ``GATEWAY_METRICS_TOKEN`` unset) every tenant label
+reads ``*`` (all tenants summed), so an open scrape shows neither tenant names nor their spend.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ if TYPE_CHECKING:
     from gateway.telemetry.types import ContextView, UsageView
 
 __all__ = [
+    "ALL_TENANTS",
     "DURATION_BUCKETS",
     "QUEUE_BUCKETS",
     "TPOT_BUCKETS",
@@ -74,6 +79,8 @@ _ROUTE = ("model", "pool", "class")
 _MICROS = 1_000_000
 _CACHE_LIMIT = 4096  # label sets kept bound; past it the cache starts over (never grows unbounded)
 _OTHER = "other"
+#: the tenant label value of every tenant when per-tenant series are off
+ALL_TENANTS = "*"
 
 
 def mark_process_dead(pid: int) -> None:
@@ -192,8 +199,10 @@ class Metrics:
     """The gateway's metric families, on a registry of its own (never the global one)."""
 
     def __init__(self, *, enabled: bool = True, tenant_label: bool = False,
-                 tenant_cap: int = 100, flush_interval: float = 1.0) -> None:
+                 tenant_cap: int = 100, flush_interval: float = 1.0,
+                 tenant_series: bool = True) -> None:
         self.enabled = enabled
+        self.tenant_series = tenant_series
         self.tenant_label = tenant_label
         self.tenant_cap = tenant_cap
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -262,6 +271,8 @@ class Metrics:
         """The label value for a tenant: itself while under the cap, else ``other``."""
         if tenant is None:
             return ""
+        if not self.tenant_series:
+            return ALL_TENANTS
         label = self._tenants.get(tenant)
         if label is None:
             label = tenant if len(self._tenants) < self.tenant_cap else _OTHER
