@@ -27,6 +27,10 @@ It is held by construction, not by special cases:
   clean EOF, and such a connection is never pooled; a Transfer-Encoding other than ``chunked``
   is refused (RFC 9112 6.3 would read it to EOF, but a proxy cannot relay a coding it does
   not undo, and h11, our reference parser, refuses it too);
+* llhttp runs strict: a bare CR or LF as a line end, obs-fold, control bytes in a header,
+  Content-Length with Transfer-Encoding are all refused (its only leniency switch for bare LF
+  also accepts it after chunk data, a framing desync; h11 and aiohttp accept a bare LF
+  line end, RFC 9112 2.2 allows refusing it);
 * caps (:class:`~gateway.upstream.base.ResponseLimits`) bound the head while it is still
   arriving and a body read whole; over a cap the exchange fails and the connection closes.
 
@@ -156,9 +160,6 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.limits = pool.limits
         self.parser = httptools.HttpResponseParser(self)
-        # a bare LF ends a line, as RFC 9112 2.2 allows and h11 and aiohttp do; nothing else
-        # is lenient (a bare CR, obs-fold, CL with TE are refused)
-        self.parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
         self.transport: asyncio.Transport | None = None
         self.fd: tuple[int, ...] = _NONE
         self.exchange: _Exchange | None = None
