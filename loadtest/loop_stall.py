@@ -19,8 +19,8 @@ blocked loop answers nothing). The inputs:
 
 The gateway is pinned to core 0 and the simulator and this client to the others (when the
 machine has two or more cores), so the figure is the gateway's own, not CPU contention with
-the engine. Target (issue 14, point 6): the worst probe latency under every input stays below 50 ms. Talks
-HTTP only; prints a markdown table.
+the engine. Target (issue 14, point 6): the worst probe latency under every input stays below
+50 ms. Talks HTTP only; prints a markdown table.
 """
 
 from __future__ import annotations
