@@ -14,6 +14,7 @@ Per request the gateway does::
     decision = await store.reserve(QuotaRequest(request_id=..., tenant=..., key_id=...,
                                                 model=..., scopes=scopes,
                                                 estimated_tokens=input_tokens + max_tokens))
+    # decision.ratelimit (RateLimitState or None): the x-ratelimit-* headers, 200 or 429
     if not decision.admitted: answer 429 with Retry-After: ceil(decision.retry_after)
     try:  ... forward; every decision.reservation.renew_every s: await store.renew(res)
     finally: await store.settle(res, input_tokens + output_tokens)   # or store.cancel(res)
