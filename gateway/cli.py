@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="serve the gateway",
         description="Serve the gateway for a policy file or directory. SIGTERM drains in-flight "
-        "requests for up to server.drain_timeout seconds before stopping.",
+        "requests for up to server.drain_timeout seconds before stopping. SIGHUP to a worker, "
+        "or POST /admin/reload, reloads the policy in every worker.",
     )
     serve.add_argument("--config", required=True, help="policy YAML file or directory of them")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -119,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="run the gateway with simulated pools on embedded defaults",
         description="Start an interactive and a batch simulated pool and the gateway in front of "
-        "them (no Redis, no config), print the URL, a demo key and examples; Ctrl-C stops.",
+        "them (no Redis, no config), print the URL, a demo key and examples. Ctrl-C, SIGTERM or "
+        "SIGHUP stops it; the simulators always stop with it (even on SIGKILL).",
     )
     demo.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     demo.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")

@@ -198,7 +198,7 @@ Python (pip install openai):
       messages=[{{"role": "user", "content": "Say hello"}}])
   print(reply.choices[0].message.content, reply.usage)
 
-Ctrl-C stops the demo.
+Ctrl-C (or SIGTERM, SIGHUP) stops the demo and its simulators.
 """
 
 
