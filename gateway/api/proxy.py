@@ -32,6 +32,7 @@ from gateway.accounting import (
 from gateway.accounting.offload import OFFLOAD_BYTES, off_loop
 from gateway.api.asgi import ClientGone, get_header, read_body, send_error
 from gateway.api.parse import parse_request
+from gateway.api.ratelimit import ratelimit_headers
 from gateway.api.relay import relay_response
 from gateway.api.rename import ModelRenamer, RenamingScanner
 from gateway.api.shadow import start_shadow
@@ -302,7 +303,8 @@ class ProxyHandler:
                                 model.name)
         if scopes:  # admit: check and reserve every limit in one round trip
             admission = Admission(self.gateway.quota)
-            split = await self._admit(runtime, admission, ctx, model, parsed, len(body), scopes)
+            split = await self._admit(runtime, admission, ctx, model, parsed, len(body), scopes,
+                                      extra)
         ctx.admitted = True  # from here on the request leaves exactly one usage record
         forwarded: Forwarded | None = None
         try:
@@ -370,6 +372,7 @@ class ProxyHandler:
         parsed: ParsedRequest,
         size: int,
         scopes: tuple[QuotaScope, ...],
+        extra: RawHeaders,
     ) -> PromptSplit | None:
         """Reserve every limit, or raise the 429; returns the prompt's split if it was counted.
 
@@ -378,7 +381,8 @@ class ProxyHandler:
         byte of the body), so a key at its limit is refused before any counting; only when
         that bound is refused by a token limit is the prompt counted, off the loop, and the
         reservation tried with the exact figure. A large request admitted on the bound holds
-        that bound until its settle, which charges the real tokens.
+        that bound until its settle, which charges the real tokens. The ``x-ratelimit-*``
+        figures go on the answer either way (``extra`` when admitted, the 429's headers).
         """
         limit = parsed.payload.get("max_completion_tokens") or parsed.payload.get("max_tokens")
         out = limit if isinstance(limit, int) and limit >= 0 else model.default_max_tokens
@@ -393,6 +397,7 @@ class ProxyHandler:
                 split = await off_loop(lambda: self._count(model, parsed))
                 decision = await self._reserve(runtime, admission, ctx, model, scopes, split,
                                                out)
+        limits = ratelimit_headers(decision.ratelimit) if decision.ratelimit else []
         if not decision.admitted:
             name = str(decision.limit)
             if (decision.scope or "").startswith("cost"):  # spend budgets count cost
@@ -403,8 +408,10 @@ class ProxyHandler:
             raise RateLimited(
                 f"Rate limit reached: {name} of {decision.scope} for tenant "
                 f"'{ctx.tenant}'. Retry after {wait}s.",
-                headers={"Retry-After": str(wait)},
+                headers={"Retry-After": str(wait),
+                         **{k.decode(): v.decode() for k, v in limits}},
             )
+        extra += limits
         ctx.quota = "admitted"
         return split
 

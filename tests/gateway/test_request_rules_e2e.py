@@ -209,3 +209,29 @@ def test_large_prompt_is_counted_off_the_loop(tmp_path: Path) -> None:
                 assert not record["estimated"]
         finally:
             os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
+
+
+def test_ratelimit_headers_from_the_tightest_scope(store: str, tmp_path: Path) -> None:
+    """x-ratelimit-* on 200s and 429s: the key's rpm 2 is tighter than the plan's rpm 5; the
+    plan's tpm is the only token limit."""
+    with SimServer("interactive", speedup=20, jitter=0.0) as sim:
+        data = _policy(sim.url, {"rpm": 5, "tpm": 100_000})
+        data["auth"]["keys"][0]["limits"] = {"rpm": 2}
+        with GatewayProcess(tmp_path, data) as gw:
+            first, second, third = (_chat(gw.url) for _ in range(3))
+            assert (first.status_code, second.status_code, third.status_code) == (200, 200, 429)
+            for r in (first, second, third):
+                assert r.headers["x-ratelimit-limit-requests"] == "2"
+                assert r.headers["x-ratelimit-limit-tokens"] == "100000"
+            assert first.headers["x-ratelimit-remaining-requests"] == "1"
+            assert second.headers["x-ratelimit-remaining-requests"] == "0"
+            assert third.headers["x-ratelimit-remaining-requests"] == "0"
+            assert third.headers["x-ratelimit-reset-requests"] not in ("", "0s")
+            tokens = [int(r.headers["x-ratelimit-remaining-tokens"]) for r in (first, second)]
+            assert 100_000 > tokens[0] > tokens[1] > 0
+            # a plan without rpm or tpm sends none
+        data = _policy(sim.url, {"concurrency": 10})
+        with GatewayProcess(tmp_path, data) as gw:
+            r = _chat(gw.url)
+            assert r.status_code == 200
+            assert not [h for h in r.headers if h.startswith("x-ratelimit")]
