@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from litestar import Request, Response, get, post
 
 from gateway.api.files import identify, json_response
+from gateway.api.parse import decode_object
 from gateway.api.proxy import call_internal
 from gateway.batch import batch_object
-from gateway.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from gateway.api.proxy import ProxyHandler
@@ -23,9 +22,6 @@ if TYPE_CHECKING:
     from gateway.runtime import Gateway
 
 __all__ = ["batch_handlers", "line_executor"]
-
-_dec = msgspec.json.Decoder()
-
 
 def line_executor(routes: dict[str, ProxyHandler]) -> Execute:
     """Run a batch line through the proxy handler of its endpoint."""
@@ -47,12 +43,7 @@ def batch_handlers(gateway: Gateway) -> list[Any]:
     @post("/v1/batches", status_code=200)
     async def create(request: Request[Any, Any, Any]) -> Response[bytes]:
         identity = await identify(gateway, request)
-        try:
-            body = _dec.decode(await request.body())
-        except msgspec.DecodeError as exc:
-            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise InvalidRequest("request body must be a JSON object")
+        body = decode_object(await request.body())
         record = await jobs.create(identity, body.get("input_file_id"), body.get("endpoint"),
                                    body.get("completion_window"), body.get("metadata"),
                                    gateway.runtime.models.keys())

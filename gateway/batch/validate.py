@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.api.parse import ENDPOINTS, parse_request
+from gateway.api.parse import ENDPOINTS, MAX_DEPTH, nests_deeper, parse_request
 from gateway.batch.errors import BatchFileInvalid, BatchFileTooLarge
 from gateway.errors import InvalidRequest
 
@@ -61,8 +61,7 @@ def iter_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
             yield number, line
 
 
-class _LineError(Exception):
-    pass
+_TOO_DEEP = f"'body' nests deeper than {MAX_DEPTH} levels"
 
 
 def parse_line(line: bytes) -> tuple[BatchLine, dict[str, Any]]:
@@ -71,8 +70,13 @@ def parse_line(line: bytes) -> tuple[BatchLine, dict[str, Any]]:
         item = _decoder.decode(line)
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"not valid JSON ({exc})") from None
+    except RecursionError:  # msgspec's own limit (~1,000 levels): far past ours
+        raise InvalidRequest(_TOO_DEEP) from None
     if not isinstance(item, dict):
         raise InvalidRequest("not a JSON object")
+    # the line wraps the body in one more object: the body itself may nest MAX_DEPTH levels
+    if len(line) > 2 * MAX_DEPTH and nests_deeper(item, MAX_DEPTH + 1):
+        raise InvalidRequest(_TOO_DEEP)
     custom_id = item.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise InvalidRequest("'custom_id' must be a non-empty string")
