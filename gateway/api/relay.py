@@ -52,10 +52,11 @@ class _Guarded:
     """``send`` bounded by a deadline: one wheel timer; a send waiting at the deadline is
     cancelled, and every later send raises :class:`_Expired` at once."""
 
-    __slots__ = ("_handle", "_send", "_task", "_wheel", "expired", "sending")
+    __slots__ = ("_handle", "_send", "_task", "_wheel", "deadline", "expired", "sending")
 
     def __init__(self, send: Send, deadline: float) -> None:
         self._send = send
+        self.deadline = deadline
         self._task = asyncio.current_task()
         self.expired = False
         self.sending = False
@@ -68,7 +69,10 @@ class _Guarded:
             self._task.cancel()  # only ever while suspended in the send below
 
     async def __call__(self, message: dict[str, Any]) -> None:
-        if self.expired:
+        # the clock too: the wheel ticks coarsely, and past the deadline nothing more is sent
+        # (not even an error event or the end of the stream, whose unflushed bytes would keep
+        # a client that stopped reading connected)
+        if self.expired or time.monotonic() >= self.deadline:
             raise _Expired
         self.sending = True
         try:
