@@ -9,11 +9,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gateway.errors import BodyTooLarge, GatewayError, InvalidRequest
+from gateway.telemetry.logging import clip
 
 if TYPE_CHECKING:
     from gateway.types import RawHeaders, Receive, Scope, Send
 
-__all__ = ["ClientGone", "get_header", "read_body", "send_error", "send_json"]
+__all__ = ["ClientGone", "clip", "get_header", "read_body", "send_error", "send_json"]
+
+# ``clip(text, n)`` is re-exported for the HTTP edge: an error message that echoes client text
+# (an unknown model's name) quotes at most ``n`` characters of it.
 
 JSON = b"application/json"
 

@@ -8,8 +8,10 @@ same processors, so every line on stdout is one JSON object, redacted by
 
 The access line is the hot path (one per request): :class:`AccessLog` builds a struct and encodes
 it directly, skipping the processor chain (~10 µs), and scrubs its one free-text field
-(``error``); everything else in it is ids, names from the policy, and numbers. Successful requests
-can be sampled; failed, rejected and cancelled ones are always logged.
+(``error``); everything else in it is ids, names from the policy, and numbers. The two fields a
+client can fill with anything, ``model`` and ``error`` (which may echo it), are cut to
+:data:`FIELD_LIMIT` characters (:func:`clip`); the request id is already bounded (128).
+Successful requests can be sampled; failed, rejected and cancelled ones are always logged.
 
 Events (``log = get_logger(__name__)``; then ``log.info("policy_reloaded", version=...)``):
 ``startup``, ``policy_reloaded``, ``backend_ejected`` / ``backend_recovered``, ``redis_lost`` /
@@ -40,7 +42,21 @@ if TYPE_CHECKING:
     from gateway.telemetry.spans import RequestSpan
     from gateway.telemetry.types import ContextView, UsageView
 
-__all__ = ["AccessLog", "LogSettings", "get_logger", "setup_logging"]
+__all__ = ["FIELD_LIMIT", "AccessLog", "LogSettings", "clip", "get_logger", "setup_logging"]
+
+#: the most characters of client-supplied free text an access line keeps per field
+FIELD_LIMIT = 256
+
+
+def clip(text: str, limit: int = FIELD_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, marked with how many were cut.
+
+    Client-supplied text (an unknown model's name, an error echoing it) can be megabytes;
+    a log line or an error message keeps its start, and says it was cut.
+    """
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...[{len(text) - limit} more chars]"
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR, "critical": logging.CRITICAL}
@@ -313,6 +329,11 @@ class AccessLog:
             trace_id, span_id = span.trace_id, span.span_id
         started, first, finished = ctx.started_ns, ctx.first_token_ns, ctx.finished_ns
         error = ctx.error
+        if error:  # cut before redacting (megabytes of it), and after: no half secret left
+            error = clip(self._redact(clip(error, 4 * FIELD_LIMIT)))
+        model = ctx.request_model
+        if model is not None and len(model) > FIELD_LIMIT:
+            model = clip(model)
         if usage is None:
             t_in = t_out = t_system = t_history = t_new = t_cached = cost = None
             estimated = False
@@ -324,12 +345,12 @@ class AccessLog:
         # positional, in field order: a third of the cost of keywords (it runs per request)
         return _AccessLine(
             wall_ns, "info" if ok else "warning", "access", ctx.request_id, tenant,
-            ctx.key_id, ctx.endpoint, ctx.request_model, ctx.upstream_model, ctx.request_class,
+            ctx.key_id, ctx.endpoint, model, ctx.upstream_model, ctx.request_class,
             ctx.pool, ctx.backend, ctx.stream, status, outcome, ctx.attempts,
             None if first is None else (first - started) // 1000 / 1000,
             None if finished is None else (finished - started) // 1000 / 1000,
             ctx.failovers, trace_id, span_id, quota, t_in, t_out, t_system, t_history, t_new,
-            t_cached, estimated, cost, self._redact(error) if error else None,
+            t_cached, estimated, cost, error or None,
         )
 
     def emit(self, rows: list[_AccessLine]) -> None:
