@@ -84,7 +84,8 @@ def demo_policy(interactive_url: str, batch_url: str, key_sha256: str) -> dict[s
             },
         ],
         "models": [
-            {"name": "demo-chat", "pool": "interactive", "backend_model": "sim-model"},
+            {"name": "demo-chat", "pool": "interactive", "pools": {"batch": "batch"},
+             "backend_model": "sim-model"},
             {"name": "demo-bulk", "pool": "batch", "backend_model": "sim-model"},
             {"name": "demo-embed", "pool": "interactive", "backend_model": "sim-model"},
         ],

@@ -40,6 +40,12 @@ def test_demo_serves_and_stops() -> None:
             assert raw.headers["x-gateway-class"] == cls
             reply = raw.parse()
             assert reply.usage is not None and reply.usage.completion_tokens == 5
+        # the demo's chat model has a batch pool: the class header moves it there
+        raw = client.chat.completions.with_raw_response.create(
+            model="demo-chat", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"X-Request-Class": "batch"})
+        assert raw.headers["x-gateway-class"] == "batch"
+        assert raw.headers["x-gateway-pool"] == "batch"
         assert len(client.embeddings.create(model="demo-embed", input="x").data) == 1
         assert f"curl -sN http://127.0.0.1:{port}/v1/chat/completions" in banner
         assert "from openai import OpenAI" in banner

@@ -41,7 +41,7 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
         if kind == "memory":
             store = MemoryQuotaStore(**kwargs)
         else:  # generous timeout: the test box is shared
-            store = RedisQuotaStore.from_url(url, cluster=kind == "cluster", timeout=2.0,
+            store = RedisQuotaStore.from_url(url, cluster=kind == "cluster", timeout=30.0,
                                              pipelined=kind == "redis", **kwargs)
         made.append(store)
         return store
