@@ -227,7 +227,8 @@ def run_demo(host: str, port: int) -> int:
             create_app(policy),
             host=host,
             port=port,
-            **uvicorn_options(policy.server.drain_timeout, policy.server.http_protocol),  # type: ignore[arg-type]
+            **uvicorn_options(policy.server.drain_timeout, policy.server.http_protocol,  # type: ignore[arg-type]
+                              policy.server.limits),
         )
         server = stopper.server = uvicorn.Server(config)
         shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host

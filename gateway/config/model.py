@@ -98,12 +98,14 @@ class Signals(_Base, frozen=True):
 
 
 class Affinity(_Base, frozen=True):
-    """Send a conversation back to the backend holding its prefix cache, within a load bound."""
+    """Send a conversation back to the backend holding its prefix cache, within a load bound.
+
+    The conversation is identified as in :mod:`gateway.routing.conversation` (its ``user``, a
+    session header, or its system prompt and first user message: the same from the first turn).
+    """
 
     #: a backend may take an affine request while its load is below this x the pool's mean
     bounded_load: Annotated[float, msgspec.Meta(ge=1)] = 1.25
-    #: how many leading messages identify a conversation
-    prefix_messages: PositiveInt = 2
 
 
 class Pool(_Base, frozen=True):
