@@ -89,7 +89,10 @@ def usage_handlers(gateway: Gateway) -> list[Any]:
 
     @get("/admin/usage/reconcile")
     async def reconcile(tenant: str, day: str) -> dict[str, Any]:
-        diffs = await gateway.ledger.reconcile(tenant, day)
+        try:
+            diffs = await gateway.ledger.reconcile(tenant, day)
+        except ValueError as exc:  # not a YYYY-MM-DD day (was a 500)
+            raise InvalidRequest(str(exc), param="day") from None
         return {"tenant": tenant, "day": day, "consistent": not diffs,
                 "differences": [str(d) for d in diffs]}
 

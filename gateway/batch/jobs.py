@@ -103,7 +103,7 @@ class BatchJobs:
             raise InvalidRequest("'input_file_id' is required", param="input_file_id")
         if not isinstance(endpoint, str):
             raise InvalidRequest("'endpoint' is required", param="endpoint")
-        if completion_window not in WINDOWS:
+        if not isinstance(completion_window, str) or completion_window not in WINDOWS:
             raise InvalidRequest(f"'completion_window' must be one of {', '.join(WINDOWS)}",
                                  param="completion_window")
         _check_metadata(metadata)
