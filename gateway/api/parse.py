@@ -172,8 +172,12 @@ def decode_object(body: bytes, subject: str = "request body") -> dict[str, Any]:
 
 
 def _decode_any(body: bytes, subject: str) -> Any:
+    """The value of a body that is not an object (the typed decoder stops at its first byte,
+    so the rest may still be malformed: ``2\xff``)."""
     try:
         return _plain.decode(body)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"{subject} is not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidRequest(f"{subject} nests deeper than {MAX_DEPTH} levels") from None
 

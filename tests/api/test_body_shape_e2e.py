@@ -132,3 +132,13 @@ def test_no_traceback_in_the_log(gw: GatewayProcess) -> None:
     _post(gw, "/v1/chat/completions", ROUTES["/v1/chat/completions"] % (MODEL, nested(1_000)))
     assert "unexpected error" not in gw.output()
     assert "RecursionError" not in gw.output()
+
+
+@pytest.mark.parametrize("path", [*ROUTES, "/v1/batches"])
+@pytest.mark.parametrize("body", [b"2\xff\x05", b"97\xff", b"[1] x", b'"s"\x00'])
+def test_a_scalar_then_garbage_is_400(gw: GatewayProcess, path: str, body: bytes) -> None:
+    """Found by schemathesis: a value that is not an object, followed by bytes that are not
+    JSON, answered 500 (the second decode's error escaped)."""
+    r = httpx.post(gw.url + path, content=body, timeout=30,
+                   headers={**AUTH, "Content-Type": "application/json"})
+    _assert_400(r, "not valid JSON")
