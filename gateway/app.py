@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 import os
 import signal
 import sys
@@ -25,6 +26,7 @@ from gateway.api.batches import batch_handlers, line_executor
 from gateway.api.files import file_handlers
 from gateway.api.health import Readiness
 from gateway.api.models import ModelsHandler
+from gateway.api.openapi import openapi_handlers
 from gateway.api.parse import ENDPOINTS
 from gateway.api.proxy import ProxyHandler, request_id_for
 from gateway.api.usage import usage_handlers
@@ -46,6 +48,8 @@ if TYPE_CHECKING:
     from gateway.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["CONFIG_ENV", "app_from_env", "create_app"]
+
+_log = logging.getLogger("gateway.app")
 
 #: where ``gateway serve`` tells worker processes which policy to load
 CONFIG_ENV = "GATEWAY_CONFIG"
@@ -86,7 +90,9 @@ def _on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Res
 
 
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    """Anything unforeseen: a plain 500 in OpenAI shape, never a traceback."""
+    """Anything unforeseen: a plain 500 in OpenAI shape, never a traceback to the client; the
+    traceback goes to the log, where a bug can be found."""
+    _log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
     return Response(
         content=error_body("internal gateway error", "server_error", None, None),
         status_code=500,
@@ -220,7 +226,7 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
         return Response(body, media_type=content_type)
 
     handlers += [healthz, readyz, metrics, *admin_handlers(gateway),
-                 *usage_handlers(gateway)]
+                 *usage_handlers(gateway), *openapi_handlers(gateway)]
     app = GatewayApp(
         route_handlers=handlers,
         lifespan=[lifespan],
@@ -241,8 +247,6 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
 
 def app_from_env() -> Litestar:
     """Factory for worker processes: the policy path comes from ``GATEWAY_CONFIG``."""
-    import logging
-
     if not logging.getLogger().handlers:  # structured logging replaces this when configured
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
     source = os.environ[CONFIG_ENV]

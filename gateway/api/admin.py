@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from litestar import Request, Response, get, post
 
 from gateway.api.asgi import get_header
+from gateway.api.parse import decode_object
 from gateway.auth.manage import KeyAdminError, create_key, parse_expiry, public_view
 from gateway.config import PolicyError
 from gateway.errors import AuthenticationFailed, InvalidRequest, RouteNotFound
@@ -136,9 +137,12 @@ def admin_handlers(gateway: Gateway) -> list[Any]:
     @post("/admin/keys", status_code=201)
     async def create(request: Request[Any, Any, Any]) -> dict[str, Any]:
         store = _store(gateway)
-        body = await request.json()
-        if not isinstance(body, dict) or not isinstance(body.get("tenant"), str):
+        body = decode_object(await request.body())
+        if not isinstance(body.get("tenant"), str):
             raise InvalidRequest("'tenant' is a required string", param="tenant")
+        for field in ("expires", "default_class", "name"):
+            if body.get(field) is not None and not isinstance(body[field], str):
+                raise InvalidRequest(f"'{field}' must be a string", param=field)
         try:
             record, key = await create_key(
                 store, gateway.runtime.policy, body["tenant"], name=str(body.get("name", "")),

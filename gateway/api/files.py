@@ -13,10 +13,9 @@ import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar.datastructures import UploadFile
 
-from gateway.auth import bearer_token
 from gateway.auth.resolver import Identity
 from gateway.batch import file_object
-from gateway.errors import AuthenticationFailed, InvalidRequest
+from gateway.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from gateway.runtime import Gateway
@@ -34,15 +33,9 @@ def json_response(body: Any, status: int = 200) -> Response[bytes]:
 
 async def identify(gateway: Gateway, request: Request[Any, Any, Any]) -> Identity:
     """The caller, from ``Authorization: Bearer``; 401 as for every other route."""
-    token = bearer_token(request.headers.get("authorization", "").encode() or None)
-    runtime = gateway.runtime
-    identity = await runtime.resolver.identify(token)
-    if identity is None:
-        if runtime.keys.required:
-            raise AuthenticationFailed(
-                "Invalid API key. Pass a valid key as 'Authorization: Bearer <key>'.")
-        return Identity("", "anonymous")
-    return identity
+    header = request.headers.get("authorization")
+    identity = await gateway.runtime.resolver.authenticate(header.encode() if header else None)
+    return identity if identity is not None else Identity("", "anonymous")
 
 
 def file_handlers(gateway: Gateway) -> list[Any]:

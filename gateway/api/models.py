@@ -8,7 +8,7 @@ from urllib.parse import unquote
 
 import msgspec
 
-from gateway.api.asgi import get_header, send_error, send_json
+from gateway.api.asgi import clip, get_header, send_error, send_json
 from gateway.api.proxy import request_id_for
 from gateway.errors import GatewayError, MethodNotAllowed, ModelNotFound
 
@@ -75,7 +75,7 @@ class ModelsHandler:
                 return
             card = self.cards.get(model_id)
             if card is None:
-                raise ModelNotFound(f"The model '{model_id}' does not exist.", param="model")
+                raise ModelNotFound(f"The model '{clip(model_id)}' does not exist.", param="model")
             await send_json(send, 200, msgspec.json.encode(card), id_header)
         except GatewayError as exc:
             await send_error(send, exc, id_header)

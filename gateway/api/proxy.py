@@ -30,7 +30,7 @@ from gateway.accounting import (
     request_usage,
 )
 from gateway.accounting.offload import OFFLOAD_BYTES, off_loop
-from gateway.api.asgi import ClientGone, get_header, read_body, send_error
+from gateway.api.asgi import ClientGone, clip, get_header, read_body, send_error
 from gateway.api.parse import parse_request
 from gateway.api.ratelimit import ratelimit_headers
 from gateway.api.relay import relay_response
@@ -82,7 +82,6 @@ __all__ = [
 
 #: limits that count tokens (or cost): refusals a smaller, exact estimate might pass
 _TOKEN_LIMITS = frozenset({"tpm", "tokens_per_day", "tokens_per_month"})
-_CLIP = 256
 
 _REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 _encoder = msgspec.json.Encoder()
@@ -276,7 +275,7 @@ class ProxyHandler:
         model = runtime.models.get(parsed.model)
         if model is None:
             raise ModelNotFound(
-                f"The model '{_clip(parsed.model)}' does not exist or you do not have access "
+                f"The model '{clip(parsed.model)}' does not exist or you do not have access "
                 "to it.",
                 param="model",
             )
@@ -578,8 +577,3 @@ def _sticky_key(model: Model, ctx: RequestContext, conversation: bytes | None) -
     if model.sticky == "conversation":
         return conversation
     return None
-
-
-def _clip(text: str) -> str:
-    """Free text from the client, cut to a length an error message and a log line can carry."""
-    return text if len(text) <= _CLIP else text[:_CLIP] + "..."

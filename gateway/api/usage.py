@@ -14,7 +14,7 @@ import msgspec
 from litestar import Request, get
 from litestar.response import Stream
 
-from gateway.auth import bearer_token
+from gateway.auth.resolver import INVALID_KEY
 from gateway.errors import AuthenticationFailed, InvalidRequest
 from gateway.ledger import GROUP_DIMENSIONS, stream_csv, stream_jsonl
 
@@ -50,12 +50,10 @@ def usage_handlers(gateway: Gateway) -> list[Any]:
     @get("/v1/usage")
     async def own_usage(request: Request[Any, Any, Any], start: str | None = None,
                         end: str | None = None, group_by: str | None = None) -> dict[str, Any]:
-        token = bearer_token(request.headers.get("authorization", "").encode() or None)
-        identity = await gateway.runtime.resolver.identify(token)
-        if identity is None:
-            raise AuthenticationFailed(
-                "Invalid API key. Pass a valid key as 'Authorization: Bearer <key>'."
-            )
+        header = request.headers.get("authorization")
+        identity = await gateway.runtime.resolver.authenticate(header.encode() if header else None)
+        if identity is None:  # usage belongs to a tenant: anonymous callers have none
+            raise AuthenticationFailed(INVALID_KEY)
         try:
             rows = await gateway.ledger.usage(identity.tenant, start or _today(),
                                               end or start or _today(), _group(group_by))

@@ -108,6 +108,8 @@ class _AccessLine(msgspec.Struct, omit_defaults=True, gc=False, rename={"cls": "
     tokens_estimated: bool = False
     cost_micros: int | None = None
     error: str | None = None
+    #: the client's own correlation id (never the request's key: see ``request_id``)
+    client_request_id: str | None = None
 
 
 _encode_lines = msgspec.json.Encoder().encode_lines
@@ -350,7 +352,7 @@ class AccessLog:
             None if first is None else (first - started) // 1000 / 1000,
             None if finished is None else (finished - started) // 1000 / 1000,
             ctx.failovers, trace_id, span_id, quota, t_in, t_out, t_system, t_history, t_new,
-            t_cached, estimated, cost, error or None,
+            t_cached, estimated, cost, error or None, ctx.client_request_id,
         )
 
     def emit(self, rows: list[_AccessLine]) -> None:

@@ -68,3 +68,14 @@ def test_admin_create_keeps_name_and_limits(tmp_path: Path, monkeypatch: pytest.
         bad = httpx.post(gw.url + "/admin/keys", headers=admin, timeout=30, json={
             "tenant": "acme", "name": "ci", "limits": {"rpm": True}})
         assert bad.status_code == 400 and "rpm" in bad.json()["error"]["message"]
+        # fields of the wrong type or a deeply nested body are 400s naming the problem, not 500s
+        for field, value in (("expires", [None, None]), ("default_class", 3), ("name", {})):
+            r = httpx.post(gw.url + "/admin/keys", headers=admin, timeout=30,
+                           json={"tenant": "acme", field: value})
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"] == field
+        deep = b'{"tenant": "acme", "limits": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+        r = httpx.post(gw.url + "/admin/keys", headers={**admin, "content-type":
+                       "application/json"}, content=deep, timeout=30)
+        assert r.status_code == 400 and "nests deeper" in r.json()["error"]["message"]
+        assert "unexpected error" not in gw.output()

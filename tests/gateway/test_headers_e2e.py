@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 
 import httpx
@@ -101,6 +103,13 @@ def test_request_id_is_the_gateways_client_id_is_correlation(echo_gateway) -> No
     r = _post(gw.url, **{"X-Request-Id": "bad id with spaces"})
     assert len(r.headers["x-request-id"]) == 32
     assert "x-client-request-id" not in r.headers
+    # the access line carries both, each in its own field
+    deadline = time.monotonic() + 10
+    while f'"client_request_id":"sdk-7"' not in gw.output() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lines = [json.loads(line) for line in gw.output().splitlines()
+             if '"client_request_id":"client-abc.123"' in line]
+    assert lines and all(line["request_id"] != "client-abc.123" for line in lines)
 
 
 def test_response_carries_the_public_model_name(echo_gateway) -> None:  # type: ignore[no-untyped-def]
