@@ -105,7 +105,7 @@ def test_request_id_is_the_gateways_client_id_is_correlation(echo_gateway) -> No
     assert "x-client-request-id" not in r.headers
     # the access line carries both, each in its own field
     deadline = time.monotonic() + 10
-    while f'"client_request_id":"sdk-7"' not in gw.output() and time.monotonic() < deadline:
+    while '"client_request_id":"sdk-7"' not in gw.output() and time.monotonic() < deadline:
         time.sleep(0.05)
     lines = [json.loads(line) for line in gw.output().splitlines()
              if '"client_request_id":"client-abc.123"' in line]
