@@ -15,6 +15,10 @@ Four small loops share the work of every active batch:
   the lines it had not recorded; their usage records dedupe on the request id.
 - **renew**: extends this process's leases; a lease lost to another process drops its lines.
 
+Every loop ends when cancelled, even when the cancel was swallowed below it (redis-py's sends
+under Python 3.11's ``wait_for``; see ``_check_cancelled``), and ``stop()`` returns within its
+timeout whatever the state store does.
+
 A line answered 429 (quota, or every backend asking to wait) or 503 (no capacity, quota store
 away, shutting down) is not a failure: it is tried again after ``retry_after``, until the
 batch expires. Any other non-200 answer is final and goes to the error file.
@@ -131,6 +135,7 @@ class BatchRunner:
         self._poke = asyncio.Event()  # refresh
         self._lines: set[asyncio.Task[None]] = set()
         self._loops: dict[str, asyncio.Task[None]] = {}
+        self._left: set[asyncio.Task[None]] = set()  # still running after stop(): kept referenced
         self._stopping = False
         self._turn = 0
 
@@ -145,27 +150,60 @@ class BatchRunner:
             self._loops[name] = asyncio.create_task(loop(), name=f"batch-{name}")
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Start nothing new, let lines in flight finish (up to ``timeout``), record them,
-        and free this process's leases for the other processes."""
+        """Start nothing new, let lines in flight finish, record them, and free this process's
+        leases for the other processes; return within ``timeout`` whatever the state store
+        does.
+
+        The lines get ``timeout`` less a reserve (a quarter), the final checkpoint and the
+        loops' exit share the reserve. Nothing is awaited without a bound: a task is waited
+        on with ``asyncio.wait(..., timeout)``, which does not depend on the task honouring
+        its cancel (see :func:`_check_cancelled` for one that did not). A save or a loop still
+        running at the deadline is cancelled and left behind (logged); the leases it held
+        expire and another process resumes their lines, which dedupe on their request ids.
+        """
+        now = asyncio.get_running_loop().time
+        deadline = now() + timeout
+        reserve = timeout / 4
         self._stopping = True
         for name in ("refresh", "dispatch"):
             if name in self._loops:
                 self._loops[name].cancel()
-        if self._lines:
-            await asyncio.wait(list(self._lines), timeout=timeout)
+        await _wait_until(self._lines, deadline - reserve, now)
         for task in list(self._lines):
             task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*self._lines, return_exceptions=True)
+        await _wait_until(self._lines, deadline - reserve * 3 / 4, now)
+        save = asyncio.create_task(self._final_save(), name="batch-final-save")
+        if await _wait_until({save}, deadline - reserve / 4, now):
+            _log.warning("batch runner: final checkpoint unfinished at shutdown; its leases"
+                         " will expire")
+            save.cancel()
+            self._leave({save})
+        for task in self._loops.values():
+            task.cancel()
+        left = await _wait_until(set(self._loops.values()), deadline, now)
+        if left:
+            _log.warning("batch runner: %s still running at shutdown",
+                         ", ".join(sorted(t.get_name() for t in left)))
+            self._leave(left)
+        for task in self._loops.values():
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                _log.error("batch runner: %s failed", task.get_name(),
+                           exc_info=task.exception())
+
+    def _leave(self, tasks: set[asyncio.Task[None]]) -> None:
+        """Keep tasks still running after ``stop()`` referenced until they end."""
+        for task in tasks:
+            self._left.add(task)
+            task.add_done_callback(self._left.discard)
+
+    async def _final_save(self) -> None:
+        """Record what the lines answered and give back every chunk still held."""
         try:
             await self._checkpoint()
-            for work in self._works.values():
+            for work in list(self._works.values()):
                 await self._release_all(work)
         except Exception:
             _log.exception("batch runner: final checkpoint failed; leases will expire")
-        for task in self._loops.values():
-            task.cancel()
-        await asyncio.gather(*self._loops.values(), return_exceptions=True)
 
     def poke(self) -> None:
         """Look at the batches now (a batch was created or cancelled here)."""
@@ -179,14 +217,13 @@ class BatchRunner:
                 await self._refresh()
             except Exception:
                 _log.exception("batch runner: refresh failed")
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.poll_interval):
-                    await self._poke.wait()
+            await _wait_event(self._poke, self.settings.poll_interval)
 
     async def _refresh(self) -> None:
         state = self.jobs.state
         active = await state.active_batches()
         for batch_id in active:
+            _check_cancelled()
             record = await state.get_batch(batch_id)
             if record is not None:
                 await self._advance(record, time.time())
@@ -339,13 +376,12 @@ class BatchRunner:
                 await self._dispatch()
             except Exception:
                 _log.exception("batch runner: dispatch failed")
+                _check_cancelled()
                 await asyncio.sleep(self.settings.poll_interval)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(DISPATCH_TICK):
-                    await self._wake.wait()
+            await _wait_event(self._wake, DISPATCH_TICK)
 
     async def _dispatch(self) -> None:
-        if self.gateway.draining:
+        if self.gateway.draining or self._stopping:
             return
         works = list(self._works.values())
         self._turn += 1
@@ -373,7 +409,9 @@ class BatchRunner:
                 if index is None:
                     if work.exhausted or len(work.held) >= _max_held(settings):
                         break
-                    if not await self._claim(work):
+                    claimed = await self._claim(work)
+                    _check_cancelled()  # stopped meanwhile: start no line of that chunk
+                    if not claimed or self._stopping:
                         break
                     continue
                 self._start(work, index, batch_pool.name)
@@ -433,6 +471,7 @@ class BatchRunner:
     # -- checkpoint: usage records durable first, then the results
     async def _checkpoint_loop(self) -> None:
         while True:
+            _check_cancelled()
             await asyncio.sleep(CHECKPOINT_INTERVAL)
             try:
                 await self._checkpoint()
@@ -483,9 +522,11 @@ class BatchRunner:
     # -- renew: keep this process's leases
     async def _renew_loop(self) -> None:
         while True:
+            _check_cancelled()
             await asyncio.sleep(self.settings.lease_seconds / 3)
             for work in list(self._works.values()):
                 for chunk in list(work.held):
+                    _check_cancelled()
                     try:
                         kept = await self.jobs.state.renew_chunk(
                             work.id, chunk, self.owner, self.settings.lease_seconds, time.time())
@@ -500,6 +541,45 @@ class BatchRunner:
         in_flight = sum(w.in_flight for w in self._works.values())
         return (f"<BatchRunner {self.owner} [batches: {len(self._works)} | in flight: "
                 f"{in_flight}]>")
+
+
+def _check_cancelled() -> None:
+    """Raise the CancelledError of a cancel this task was sent and never received.
+
+    Something below a loop can swallow its cancel. Python 3.11's ``asyncio.wait_for`` returns
+    the inner result instead of raising when its task is cancelled in the loop turn between
+    the inner awaitable finishing and ``wait_for`` waking up; redis-py sends every command
+    under ``asyncio.wait_for(..., socket_timeout)``, so a cancel landing there is lost. The
+    task then stays marked "cancelling" with no CancelledError to come, and worse, every
+    ``asyncio.timeout`` entered afterwards counts that cancel as its own and turns its expiry
+    into a TimeoutError: a loop waiting under a timeout runs forever (#14 point 18: the
+    gateway never exited). Every loop calls this between its steps and before it waits. A
+    background loop never uncancels, so a non-zero count is always a cancel to honour.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+async def _wait_event(event: asyncio.Event, seconds: float) -> None:
+    """Wait until ``event`` is set, at most ``seconds``; a cancel already sent (and
+    swallowed below) ends the wait at once instead of being taken for this timeout's own."""
+    _check_cancelled()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+
+
+async def _wait_until(
+    tasks: set[asyncio.Task[None]], deadline: float, now: Callable[[], float]
+) -> set[asyncio.Task[None]]:
+    """Wait for ``tasks`` until ``deadline`` (on the loop's clock); the ones still running.
+
+    ``asyncio.wait`` returns at its timeout whether or not the tasks honour a cancel."""
+    pending = {t for t in tasks if not t.done()}
+    if pending:
+        _, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - now()))
+    return pending
 
 
 def _max_held(settings: BatchSettings) -> int:
