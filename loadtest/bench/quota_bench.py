@@ -1,6 +1,6 @@
 """Quota store throughput: reserve+settle pairs per second from one asyncio process.
 
-``python -m loadtest.quota_bench`` starts its own ``redis-server`` on a free loopback port,
+``python -m loadtest.bench.quota_bench`` starts its own ``redis-server`` on a free loopback port,
 runs ``--tasks`` concurrent reserve -> settle loops (uvloop) for ``--seconds`` against one
 tenant with three scopes (tenant: every limit; key: rpm; model: tpm), all limits high enough
 that every request is admitted, and prints admissions/s, p50/p99 latency of each step and the
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from gateway.quota import Limits, QuotaRequest, RedisQuotaStore, build_scopes
-from loadtest.redis_local import redis_server
+from loadtest.bench.redis_local import redis_server
 
 __all__ = ["BenchResult", "main", "run"]
 
@@ -137,7 +137,8 @@ def report(result: BenchResult, tasks: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.quota_bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench.quota_bench",
+                                     description=__doc__)
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--url", help="use this Redis instead of starting one")

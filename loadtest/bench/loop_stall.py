@@ -1,6 +1,6 @@
 """Event-loop stall benchmark: how long can one request freeze a gateway worker?
 
-``python -m loadtest.loop_stall [--rounds 3]``
+``python -m loadtest.bench.loop_stall [--rounds 3]``
 
 Starts a simulated engine and one gateway worker, then, for each kind of hostile input, sends
 it (from 2 concurrent clients, ``--rounds`` times each) while a probe on its own keep-alive
@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-gw-stall-bench-0123456789abcdef0123456789abcdef"
 LIMITED = "sk-gw-stall-limited-0123456789abcdef0123456789abc"
 
@@ -164,7 +164,7 @@ def _stats(samples: list[float]) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.loop_stall",
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench.loop_stall",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="requests per client per input")
     args = parser.parse_args(argv)

@@ -1,4 +1,7 @@
-"""CLI: ``python -m loadtest.overhead [options]`` — see README.md for what is measured and why."""
+"""CLI: ``python -m loadtest.bench.overhead [options]``.
+
+See README.md (beside this file) for what is measured and why.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from . import gateway, nginx, payloads, report, wrk
 from .procs import HOST, ProcessSet, check_endpoint, ensure_tools, free_ports
 
 BUSY_LOADAVG = 0.5  # above this before the run, warn that other work skews the numbers
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "overhead.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "results" / "overhead.json"
 
 
 def _log(msg: str) -> None:
@@ -28,7 +31,7 @@ def _log(msg: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m loadtest.overhead",
+        prog="python -m loadtest.bench.overhead",
         description="Per-request overhead of the gateway's proxy hop vs. direct and vs. a plain "
         "nginx reverse proxy, measured with wrk against an nginx fixture backend.",
     )

@@ -2,5 +2,5 @@
 
 The benchmark compares three targets under identical load (wrk, POST, keep-alive):
 the backend nginx directly, a plain nginx reverse proxy (the floor for any proxy hop),
-and the gateway. Run it with ``python -m loadtest.overhead``; see README.md.
+and the gateway. Run it with ``python -m loadtest.bench.overhead``; see README.md.
 """

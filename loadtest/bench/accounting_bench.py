@@ -1,7 +1,8 @@
-"""Benchmark of the accounting stage: ``python -m loadtest.accounting_bench [--conversations N]``.
+"""Benchmark of the accounting stage.
 
-Unlike the rest of ``loadtest/`` this calls ``gateway.accounting`` directly: it measures CPU per
-request in the library, not the gateway over HTTP.
+``python -m loadtest.bench.accounting_bench [--conversations N]``. Unlike the validation tool
+(``loadtest/`` outside ``bench/``) this calls ``gateway.accounting`` directly: it measures CPU
+per request in the library, not the gateway over HTTP.
 
 1. Input split + count of a chat request at turn 1 and turn 50 of growing conversations
    (a system prompt, users writing 50-150 words a turn, the assistant 100-300). Each request is
@@ -186,7 +187,8 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m loadtest.accounting_bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench.accounting_bench",
+                                description=__doc__)
     p.add_argument("--conversations", type=int, default=100, help="conversations per row (100)")
     p.add_argument("--turns", type=int, default=50, help="turns per conversation (50)")
     p.add_argument("--streams", type=int, default=2000, help="SSE streams per row (2000)")

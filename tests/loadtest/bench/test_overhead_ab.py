@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.overhead.ab import _cpu_seconds, _env, parse_args
+from loadtest.bench.overhead.ab import _cpu_seconds, _env, parse_args
 
 
 def test_env_specs_parse_and_reject_garbage() -> None:
@@ -37,7 +37,7 @@ def test_arguments_are_checked() -> None:
 def test_output_reaches_the_log_through_the_shim_or_directly(tmp_path: Path, shim: bool) -> None:
     """With the log shim the process writes to a pipe (as under a container runtime) and
     every line still lands in the log file; without it, straight into the file."""
-    from loadtest.overhead.procs import ProcessSet
+    from loadtest.bench.overhead.procs import ProcessSet
 
     log = tmp_path / "out.log"
     script = ("import os, sys, time\n"

@@ -1,7 +1,7 @@
 """Batch benchmark: a 10,000-line OpenAI batch on the simulated batch pool beside interactive
 traffic, against the pool's measured plateau.
 
-``python -m loadtest.batch_bench [--lines 10000] [--rate 4] [--trace PATH] [--speedup 1]``
+``python -m loadtest.bench.batch_bench [--lines 10000] [--rate 4] [--trace PATH] [--speedup 1]``
 
 Against one gateway in front of two simulated pools (``interactive``: one engine,
 ``batch``: one engine with ``--batch-cap`` slots), in order:
@@ -38,9 +38,9 @@ from typing import Any
 import aiohttp
 import yaml
 
-from loadtest.routing_bench import DEFAULT_TRACE, _free_port, _wait, pct, read_trace
+from loadtest.bench.routing_bench import DEFAULT_TRACE, _free_port, _wait, pct, read_trace
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-gw-batch-bench-0123456789abcdef0123456789abcdef"
 WORD = " the"  # one token in o200k_base
 
@@ -211,7 +211,7 @@ async def run_batch(url: str, data: bytes, arrivals: list[tuple[float, int, int]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.batch_bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench.batch_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lines", type=int, default=10_000, help="batch lines (10000)")
     p.add_argument("--prompt", type=int, default=200, help="prompt tokens per line (200)")

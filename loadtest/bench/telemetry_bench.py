@@ -1,8 +1,8 @@
 """Telemetry cost per request: span start/attempt/end + metrics observe + access line.
 
-``python -m loadtest.telemetry_bench`` runs the per-request telemetry calls the proxy makes, in a
-tight loop over pre-built finished request contexts, under several set-ups, and prints µs per
-request two ways:
+``python -m loadtest.bench.telemetry_bench`` runs the per-request telemetry calls the proxy
+makes, in a tight loop over pre-built finished request contexts, under several set-ups, and
+prints µs per request two ways:
 
 * ``thread``: CPU time of the calling thread (what the event loop pays per request);
 * ``process``: process CPU time, including the background threads (span export with protobuf
@@ -164,7 +164,8 @@ def run(scenario: Scenario, requests: int, repeats: int) -> tuple[float, float, 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench.telemetry_bench",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=50_000)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """A/B of two gateway set-ups on the overhead bench's hop: interleaved runs, ratio of medians.
 
-``python -m loadtest.overhead.ab --a "GATEWAY_METRICS=off GATEWAY_ACCESS_LOG=off" --b ""``
+``python -m loadtest.bench.overhead.ab --a "GATEWAY_METRICS=off GATEWAY_ACCESS_LOG=off" --b ""``
 starts the nginx fixture backend, then two gateways side by side, both pinned to
 ``--proxy-cpu``: one with set-up A's environment, one with B's. It then measures non-streaming
 requests/s at ``--connections`` with wrk (on ``--client-cpu``) against each in turn, in short
@@ -35,7 +35,7 @@ from typing import Any
 from . import gateway, nginx, payloads, wrk
 from .procs import HOST, ProcessSet, check_endpoint, ensure_tools, free_ports
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "overhead-ab.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "results" / "overhead-ab.json"
 
 
 def _env(spec: str) -> dict[str, str]:
@@ -54,8 +54,8 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m loadtest.overhead.ab", description=__doc__.split(
-        "\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench.overhead.ab",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--a", default="", help="environment of set-up A, 'NAME=VALUE ...'")
     p.add_argument("--b", default="", help="environment of set-up B, 'NAME=VALUE ...'")
     p.add_argument("--a-name", default="A")

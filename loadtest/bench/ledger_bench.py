@@ -1,6 +1,6 @@
 """Ledger throughput: records/s one process stores in Redis, and what ``write`` costs a request.
 
-``python -m loadtest.ledger_bench`` starts its own ``redis-server`` on a free loopback port
+``python -m loadtest.bench.ledger_bench`` starts its own ``redis-server`` on a free loopback port
 (no persistence) and, in one asyncio process (uvloop):
 
 * **write cost**: the time of each ``ledger.write`` call, which is all a request pays (the
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from gateway.ledger import LedgerSettings, RedisLedger, UsageRecord
-from loadtest.redis_local import free_port, redis_server
+from loadtest.bench.redis_local import free_port, redis_server
 
 __all__ = ["BenchResult", "main", "run"]
 
@@ -143,7 +143,8 @@ def report(result: BenchResult) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench.ledger_bench",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--tenants", type=int, default=20)

@@ -1,6 +1,6 @@
 """A trivial streaming server for measuring the load generator's own ceiling.
 
-``python -m loadtest.fastserver --port 9100 [--interval-ms 20]`` answers every POST with an
+``python -m loadtest.bench.fastserver --port 9100 [--interval-ms 20]`` answers every POST with an
 OpenAI-shaped SSE stream of exactly ``max_tokens`` one-token events (read from the body), a
 finish event, a usage event and ``[DONE]``, over HTTP/1.1 keep-alive with chunked encoding. With
 ``--interval-ms 0`` the events go out at once (the client's parsing rate is the only limit);
@@ -101,7 +101,7 @@ async def serve(host: str, port: int, interval_ms: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m loadtest.fastserver", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench.fastserver", description=__doc__)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=9100, help="port (default 9100)")
     p.add_argument(

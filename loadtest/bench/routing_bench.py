@@ -1,6 +1,6 @@
 """Routing benchmark: interactive chat from the Azure conversation trace beside a batch backlog.
 
-``python -m loadtest.routing_bench [--duration 40] [--trace PATH] [--speedup 1.0]``
+``python -m loadtest.bench.routing_bench [--duration 40] [--trace PATH] [--speedup 1.0]``
 
 One run compares, against the same two simulated pools (one ``interactive`` engine, one
 ``batch`` engine, real-time):
@@ -37,7 +37,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = ROOT.parent / "shared/data/azure-llm-inference-2023/AzureLLMInferenceTrace_conv.csv"
 KEY = "sk-gw-routing-bench-0123456789abcdef0123456789abcdef"
 WORD = " the"  # one token in o200k_base; prompts are built from it
@@ -203,7 +203,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.routing_bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench.routing_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Azure trace CSV")
     p.add_argument("--duration", type=float, default=60.0, help="seconds per scenario (60)")
