@@ -40,7 +40,7 @@ schema: $(STAMP)
 	$(BIN)/gateway schema -o policies/schema.json
 
 bench-overhead: $(STAMP)
-	$(BIN)/python -m loadtest.overhead
+	$(BIN)/python -m loadtest.bench.overhead
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
