@@ -26,8 +26,7 @@ import msgspec
 from gateway.auth.static import KEY_PREFIX
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-    from redis.asyncio.cluster import RedisCluster
+    from gateway.redis import RedisLike
 
 __all__ = [
     "FileKeyStore",
@@ -156,27 +155,35 @@ class FileKeyStore(KeyStore):
 
 
 class RedisKeyStore(KeyStore):
-    """Records in Redis, shared by every replica."""
+    """Records in Redis, shared by every replica.
 
-    def __init__(self, client: Redis | RedisCluster, timeout: float = 0.25) -> None:
+    Args:
+        client: any Redis client of ``gateway.redis`` (``open_redis``; the pipelined one on a
+            single node): plain commands only, so each client answers the same.
+        timeout: bound of a lookup (the request path); admin calls are not bounded here.
+    """
+
+    def __init__(self, client: RedisLike, timeout: float = 0.25) -> None:
         self.client = client
         self.timeout = timeout
 
     async def get(self, digest: str) -> KeyRecord | None:
         async with asyncio.timeout(self.timeout):
-            raw = await self.client.get(f"gw:k:d:{digest}")
+            raw = await self.client.execute_command("GET", f"gw:k:d:{digest}")
         return None if raw is None else msgspec.json.decode(raw, type=KeyRecord)
 
     async def put(self, record: KeyRecord) -> None:
-        await self.client.set(f"gw:k:d:{record.digest}", msgspec.json.encode(record))
-        await self.client.set(f"gw:k:i:{record.id}", record.digest)
-        await self.client.sadd("gw:k:ids", record.id)
+        client = self.client
+        await client.execute_command("SET", f"gw:k:d:{record.digest}",
+                                     msgspec.json.encode(record))
+        await client.execute_command("SET", f"gw:k:i:{record.id}", record.digest)
+        await client.execute_command("SADD", "gw:k:ids", record.id)
 
     async def list(self, tenant: str | None = None) -> list[KeyRecord]:
         out = []
-        for key_id in sorted(await self.client.smembers("gw:k:ids")):
+        for key_id in sorted(await self.client.execute_command("SMEMBERS", "gw:k:ids")):
             kid = key_id.decode() if isinstance(key_id, bytes) else key_id
-            digest = await self.client.get(f"gw:k:i:{kid}")
+            digest = await self.client.execute_command("GET", f"gw:k:i:{kid}")
             if digest is None:
                 continue
             d = digest.decode() if isinstance(digest, bytes) else digest
@@ -186,13 +193,13 @@ class RedisKeyStore(KeyStore):
         return out
 
     async def by_id(self, key_id: str) -> KeyRecord | None:
-        digest = await self.client.get(f"gw:k:i:{key_id}")
+        digest = await self.client.execute_command("GET", f"gw:k:i:{key_id}")
         if digest is None:
             return None
         return await self.get(digest.decode() if isinstance(digest, bytes) else digest)
 
     async def revoke(self, key_id: str) -> KeyRecord | None:
-        digest = await self.client.get(f"gw:k:i:{key_id}")
+        digest = await self.client.execute_command("GET", f"gw:k:i:{key_id}")
         if digest is None:
             return None
         d = digest.decode() if isinstance(digest, bytes) else digest
@@ -200,7 +207,7 @@ class RedisKeyStore(KeyStore):
         if record is None:
             return None
         record.revoked = record.revoked or time.time()
-        await self.client.set(f"gw:k:d:{d}", msgspec.json.encode(record))
+        await self.client.execute_command("SET", f"gw:k:d:{d}", msgspec.json.encode(record))
         return record
 
     async def aclose(self) -> None:

@@ -30,6 +30,9 @@ __all__ = [
 ]
 
 LIMIT_NAMES = ("rpm", "tpm", "concurrency", "tokens_per_day", "tokens_per_month")
+#: seconds a key store's client may take to connect (one policy-wide store timeout is a
+#: request's bound, too short for a CLI on a far network)
+_CONNECT_TIMEOUT = 5.0
 
 
 def parse_limits(items: list[str] | None) -> dict[str, int]:
@@ -83,10 +86,11 @@ def open_keystore(policy: Policy) -> KeyStore:
     """The key store a policy names: Redis if its URL variable is set, else its keys_file."""
     url = os.environ.get(policy.store.redis_url_env)
     if url:
-        from redis.asyncio import Redis
-        from redis.asyncio.cluster import RedisCluster
+        from gateway.redis import Timeouts, open_redis
 
-        client = RedisCluster.from_url(url) if policy.store.cluster else Redis.from_url(url)
+        # a lookup is bounded by the store's timeout; the connect may take longer (the CLI)
+        client = open_redis(url, cluster=policy.store.cluster, max_connections=None,
+                            timeouts=Timeouts(connect=_CONNECT_TIMEOUT))
         return RedisKeyStore(client, policy.store.timeout)
     if policy.store.keys_file:
         return FileKeyStore(policy.store.keys_file)

@@ -21,13 +21,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from redis.asyncio import Redis
 
 from gateway.batch.objects import FINAL, BatchRecord, FileRecord, LineResult
 from gateway.batch.state import BatchState
+from gateway.redis import Timeouts, open_redis_py
 
 if TYPE_CHECKING:
     from collections.abc import Collection
+
+    from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
 
 __all__ = ["RedisBatchState"]
 
@@ -105,7 +108,7 @@ def _decode_batch(fields: dict[bytes, bytes]) -> BatchRecord | None:
 class RedisBatchState(BatchState):
     """Batch state in one Redis (or a Cluster: every script stays inside one hash tag)."""
 
-    def __init__(self, client: Redis) -> None:
+    def __init__(self, client: Redis | RedisCluster) -> None:
         self.redis: Any = client  # redis-py's async stubs type replies loosely
         self._claim = client.register_script(_CLAIM)
         self._renew = client.register_script(_RENEW)
@@ -114,8 +117,11 @@ class RedisBatchState(BatchState):
         self._transition = client.register_script(_TRANSITION)
 
     @classmethod
-    def from_url(cls, url: str) -> RedisBatchState:
-        return cls(Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0))
+    def from_url(cls, url: str, *, cluster: bool = False) -> RedisBatchState:
+        """State on redis-py (its scripts and commands API; ``gateway.redis.open_redis_py``)
+        with its own retries: no step here is on a request's path, none has a back-off."""
+        return cls(open_redis_py(url, cluster=cluster, timeouts=Timeouts(connect=5.0, socket=5.0),
+                                 max_connections=None, retries=True))
 
     async def close(self) -> None:
         await self.redis.aclose()

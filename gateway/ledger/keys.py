@@ -16,10 +16,12 @@ totals expire ``retention_days`` after their day, month totals ``month_retention
 after their month.
 
 A tenant id is used verbatim except that ``{``, ``}`` and ``%`` are percent-escaped, so no id
-can break the hash tag.
+can break the hash tag (the rule is ``gateway/redis/keys.py``'s, shared with the quota store).
 """
 
 from __future__ import annotations
+
+from gateway.redis.keys import escape_tag, hash_tag
 
 __all__ = [
     "PREFIX",
@@ -37,8 +39,7 @@ TENANTS_KEY = "gw:l:tenants"
 
 def tenant_tag(tenant: str) -> str:
     """``gw:l:{tenant}``: pins the tenant's keys to one cluster slot."""
-    safe = tenant.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
-    return f"{PREFIX}{{{safe}}}"
+    return hash_tag(PREFIX, escape_tag(tenant))
 
 
 def seen_key(tag: str, request_id: str) -> str:

@@ -2,8 +2,9 @@
 
 Each record is one ``EVALSHA`` of ``scripts.STORE_RECORD`` (dedupe by request id, ``XADD``,
 ``HINCRBY`` day and month totals, atomically); a flush sends a whole batch as one pipeline
-(``batch_size`` records per round trip). Works with ``redis.asyncio.Redis`` and
-``redis.asyncio.cluster.RedisCluster``: a record's keys share the tenant's hash tag
+(``batch_size`` records per round trip). The client is any ``gateway.redis.RedisLike`` (the
+pipelined client on one node, redis-py for TLS, unix sockets and Cluster; ``from_url`` builds
+it with ``gateway.redis.open_redis``): a record's keys share the tenant's hash tag
 (``keys.py``); the cluster client splits a pipeline by node.
 
 When Redis cannot be reached (refused, reset, no answer within ``deadline``), the batch goes
@@ -25,18 +26,6 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
-from redis.backoff import NoBackoff
-from redis.exceptions import (
-    BusyLoadingError,
-    NoScriptError,
-    RedisClusterException,
-    RedisError,
-    ResponseError,
-)
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
 from gateway.backoff import Backoff
 from gateway.ledger.aggregate import COUNTERS, counters_of, field_prefix
@@ -58,19 +47,29 @@ from gateway.ledger.keys import (
 from gateway.ledger.record import decode_record, encode_record
 from gateway.ledger.scripts import STORE_RECORD
 from gateway.ledger.spool import Spool
-from gateway.resp import PipelinedRedis, bulk, pipelined_client
+from gateway.redis import (
+    FAILURES,
+    ErrorMap,
+    RedisLike,
+    Timeouts,
+    array_head,
+    bulk,
+    is_no_script,
+    is_outage,
+    open_redis,
+)
+from gateway.redis.encoding import BULK
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
 
     from gateway.ledger.aggregate import Period
     from gateway.ledger.record import UsageRecord
+    from gateway.redis import Command
 
-__all__ = ["RedisClient", "RedisLedger", "map_redis_error"]
+__all__ = ["RedisLedger", "map_redis_error"]
 
 log = logging.getLogger(__name__)
-
-RedisClient = Redis | RedisCluster
 
 _DAY_MS = 86_400_000
 _READ_CHUNK = 1000
@@ -78,32 +77,9 @@ _READ_CHUNK = 1000
 _IN_FLIGHT = 2
 
 
-def map_redis_error(exc: BaseException) -> LedgerError:
-    """The most specific ledger error for a redis-py (or socket) failure."""
-    if isinstance(exc, RedisTimeoutError | TimeoutError):
-        return LedgerTimeout(f"Redis did not answer in time: {exc!r}")
-    if isinstance(exc, ResponseError) and not isinstance(exc, BusyLoadingError):
-        return LedgerStoreError(f"Redis answered with an error: {exc!r}")
-    return LedgerConnectError(f"Redis could not be reached: {exc!r}")
-
-
-# What a call to Redis may raise when Redis (or the cluster) is away or slow.
-# ``RedisClusterException`` ("cannot be connected", raised by a cluster client that could not
-# reach any startup node) is not a ``RedisError``: without it an unreachable cluster at start
-# would escape ``start()`` instead of spooling.
-_FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
-
-
-def _is_outage(exc: BaseException) -> bool:
-    """Worth retrying later (spool and replay), as opposed to a refused command."""
-    if isinstance(exc, NoScriptError):
-        return False
-    if isinstance(exc, ResponseError):  # LOADING, CLUSTERDOWN, TRYAGAIN, READONLY, OOM
-        text = str(exc)
-        return isinstance(exc, BusyLoadingError) or text.startswith(
-            ("LOADING", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM", "MASTERDOWN", "MOVED", "ASK")
-        )
-    return isinstance(exc, _FAILURES)
+#: the ledger error for a Redis failure (timeout, connect, refused: ``gateway/redis/errors.py``)
+map_redis_error: ErrorMap[LedgerError] = ErrorMap(
+    timeout=LedgerTimeout, connect=LedgerConnectError, refused=LedgerStoreError)
 
 
 @lru_cache(maxsize=4096)
@@ -112,6 +88,8 @@ def _tag(tenant: str) -> str:
 
 
 _COUNTERS_FORMAT = b",".join([b"%d"] * len(COUNTERS))
+#: a record's EVALSHA: head, seen key, the day's part, record, the group's part, counters
+_RECORD_COMMAND = b"%b" + BULK + b"%b" + BULK + b"%b" + BULK
 
 
 @lru_cache(maxsize=64)
@@ -125,8 +103,8 @@ class RedisLedger(Ledger):
     """Usage records in Redis (or Redis Cluster), with a local spool for outages.
 
     Args:
-        client: a ``Redis`` or ``RedisCluster``; ``from_url`` builds one with short timeouts
-            and no hidden retries.
+        client: any Redis client of ``gateway.redis`` (``open_redis``: short timeouts, no
+            hidden retries); ``from_url`` builds one.
         spool_dir: where records wait while Redis is away (one per host, local disk).
         settings: batching, retention and replay.
         deadline: bound of one pipeline round trip, seconds.
@@ -135,26 +113,23 @@ class RedisLedger(Ledger):
 
     def __init__(
         self,
-        client: RedisClient,
+        client: RedisLike,
         *,
         spool_dir: str | os.PathLike[str],
         settings: LedgerSettings | None = None,
         deadline: float = 0.25,
         owns_client: bool = False,
-        writer: PipelinedRedis | None = None,
     ) -> None:
         super().__init__(settings)
         s = self.settings
         self._client = client
-        #: the write path's client when Redis is one node: the lean auto-pipelining one
-        self._writer = writer
         self._deadline = deadline
         self._owns_client = owns_client
         self._backoff = Backoff(maximum=2.0)
         self.spool = Spool(spool_dir, max_segment_bytes=s.spool_segment_bytes)
         self._sha = _sha1(STORE_RECORD)
         #: RESP of the command's fixed start: an array of 13 (EVALSHA, sha, 4, 4 keys, 6 args)
-        self._head = b"*13\r\n" + b"".join(bulk(a) for a in ("EVALSHA", self._sha, 4))
+        self._head = array_head(13) + b"".join(bulk(a) for a in ("EVALSHA", self._sha, 4))
         self._day_parts: dict[tuple[str, str], tuple[str, bytes]] = {}
         self._group_parts: dict[tuple[str, str, str | None], bytes] = {}
         self._seen_ttl_ms = s.seen_ttl_days * _DAY_MS
@@ -177,32 +152,22 @@ class RedisLedger(Ledger):
         **kwargs: Any,
     ) -> RedisLedger:
         """A ledger with its own client: connect bounded by ``connect_timeout``, each round
-        trip by ``timeout``, redis-py's retries off (the spool and back-off replace them)."""
-        options: dict[str, Any] = {
-            "socket_connect_timeout": min(connect_timeout, timeout),
-            "retry": Retry(NoBackoff(), 0),
-            "max_connections": max_connections,
-        }
-        client: RedisClient
-        if cluster:
-            client = RedisCluster.from_url(url, **options)
-        else:
-            client = Redis.from_url(url, health_check_interval=0, **options)
-        kwargs.setdefault("writer", pipelined_client(
-            url, cluster=cluster, pipelined=pipelined,
-            connect_timeout=min(connect_timeout, timeout)))
+        trip by ``timeout``, redis-py's retries off (the spool and back-off replace them);
+        ``pipelined``: the lean client where it applies (``gateway.redis.open_redis``)."""
+        client = open_redis(url, cluster=cluster, pipelined=pipelined,
+                            timeouts=Timeouts(connect=min(connect_timeout, timeout)),
+                            max_connections=max_connections)
         return cls(client, spool_dir=spool_dir, deadline=timeout, owns_client=True, **kwargs)
 
     def __repr__(self) -> str:
-        kind = "cluster" if isinstance(self._client, RedisCluster) else "redis"
         st = self.stats
         return (
-            f"<RedisLedger [{kind} | {self._backoff!r} | pending: {self.pending} | "
+            f"<RedisLedger [{self._client.kind} | {self._backoff!r} | pending: {self.pending} | "
             f"stored: {st.stored} | spooled: {st.spooled} | replayed: {st.replayed}]>"
         )
 
     @property
-    def client(self) -> RedisClient:
+    def client(self) -> RedisLike:
         return self._client
 
     # -- writing --------------------------------------------------------------------------
@@ -238,7 +203,7 @@ class RedisLedger(Ledger):
             )
             for result in results:
                 if isinstance(result, BaseException):
-                    if not isinstance(result, _FAILURES):
+                    if not isinstance(result, FAILURES):
                         raise result
                     self._backoff.failure()
                     raise map_redis_error(result) from result
@@ -254,7 +219,7 @@ class RedisLedger(Ledger):
 
     async def _send_chunk(self, chunk: list[UsageRecord]) -> int:
         results = await self._pipeline(chunk)
-        retry = [i for i, res in enumerate(results) if _no_script(res)]
+        retry = [i for i, res in enumerate(results) if is_no_script(res)]
         if retry:  # Redis restarted (or a new node): load the script, resend those only
             await self._client.script_load(STORE_RECORD)
             again = await self._pipeline([chunk[i] for i in retry])
@@ -264,7 +229,7 @@ class RedisLedger(Ledger):
         poison: list[UsageRecord] = []
         for record, res in zip(chunk, results, strict=True):
             if isinstance(res, BaseException):
-                if _no_script(res) or _is_outage(res):
+                if is_no_script(res) or is_outage(res):
                     raise res  # the whole chunk is spooled; replay dedupes what got through
                 poison.append(record)
             elif int(res) == 1:
@@ -280,20 +245,11 @@ class RedisLedger(Ledger):
 
     async def _pipeline(self, chunk: list[UsageRecord]) -> list[Any]:
         sadd = ("SADD", TENANTS_KEY, *{record.tenant for record in chunk})
-        results: list[Any]
-        if self._writer is not None:
-            encoded: list[bytes | tuple[Any, ...]] = [self._encoded(r) for r in chunk]
-            encoded.append(sadd)
-            results = await self._writer.execute_many(encoded)
-        else:
-            commands = [("EVALSHA", self._sha, 4, *self._script_args(r)) for r in chunk]
-            commands.append(sadd)
-            pipe = self._client.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            results = await pipe.execute(raise_on_error=False)
+        commands: list[Command] = [self._encoded(r) for r in chunk]
+        commands.append(sadd)
+        results = await self._client.execute_many(commands)
         sadd = results.pop()
-        if isinstance(sadd, BaseException) and _is_outage(sadd):
+        if isinstance(sadd, BaseException) and is_outage(sadd):
             raise sadd
         return results
 
@@ -313,8 +269,8 @@ class RedisLedger(Ledger):
         seen = f"{day[0]}:seen:{record.request_id}".encode()
         data = encode_record(record)
         counters = _COUNTERS_FORMAT % counters_of(record)
-        return b"%b$%d\r\n%b\r\n%b$%d\r\n%b\r\n%b$%d\r\n%b\r\n" % (
-            self._head, len(seen), seen, day[1], len(data), data, group, len(counters), counters)
+        return _RECORD_COMMAND % (self._head, len(seen), seen, day[1], len(data), data, group,
+                                  len(counters), counters)
 
     def _day_part(self, record: UsageRecord) -> tuple[str, bytes]:
         """(tag, RESP of the stream/day/month keys and the three expiry arguments)."""
@@ -363,7 +319,7 @@ class RedisLedger(Ledger):
             try:  # the probe: cheap, and a success lets the flushes use Redis again too
                 async with asyncio.timeout(self._deadline):
                     await self._client.execute_command("PING")
-            except _FAILURES:
+            except FAILURES:
                 self._backoff.failure()
                 return 0
             self._backoff.success()
@@ -389,7 +345,7 @@ class RedisLedger(Ledger):
         try:
             async with asyncio.timeout(max(self._deadline, 1.0)):
                 await self._client.script_load(STORE_RECORD)
-        except _FAILURES as exc:
+        except FAILURES as exc:
             self._backoff.failure()
             log.warning("ledger: Redis unavailable at start (%s); spooling until it answers", exc)
         self._replayer = asyncio.create_task(self._run_replayer(), name="ledger-replayer")
@@ -414,8 +370,6 @@ class RedisLedger(Ledger):
         self.spool.close()
         if self._owns_client:
             await self._client.aclose()
-            if self._writer is not None:
-                await self._writer.aclose()
 
     # -- reading --------------------------------------------------------------------------
 
@@ -425,11 +379,12 @@ class RedisLedger(Ledger):
 
     async def _read_totals(self, tenant: str, periods: list[Period]) -> list[Mapping[str, int]]:
         tag = _tag(tenant)
-        pipe = self._client.pipeline(transaction=False)
-        for p in periods:
-            key = day_key(tag, p.label) if p.kind == "d" else month_key(tag, p.label)
-            pipe.execute_command("HGETALL", key)
-        replies = await self._bounded(pipe.execute())
+        replies = await self._bounded(self._client.execute_many([
+            ("HGETALL", day_key(tag, p.label) if p.kind == "d" else month_key(tag, p.label))
+            for p in periods]))
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise map_redis_error(reply) from reply
         return [{_text(k): int(v) for k, v in _pairs(reply)} for reply in replies]
 
     async def _day_records(self, tenant: str, day: str) -> AsyncIterator[UsageRecord]:
@@ -455,14 +410,8 @@ class RedisLedger(Ledger):
         try:
             async with asyncio.timeout(max(self._deadline, 1.0)):
                 return await awaitable
-        except _FAILURES as exc:
+        except FAILURES as exc:
             raise map_redis_error(exc) from exc
-
-
-def _no_script(result: object) -> bool:
-    return isinstance(result, NoScriptError) or (
-        isinstance(result, ResponseError) and str(result).startswith("NOSCRIPT")
-    )
 
 
 def _text(value: bytes | str) -> str:

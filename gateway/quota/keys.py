@@ -12,12 +12,14 @@ script touches live in one Redis Cluster slot::
     gw:q:{t}:s:<scope>:d:<yyyymmdd> string tokens charged that UTC day; TTL past the day
     gw:q:{t}:s:<scope>:m:<yyyymm>  string tokens charged that UTC month; TTL past the month
 
-The scripts derive the sub-keys from the scope base key they are given.
+The scripts derive the sub-keys from the scope base key they are given. The hash-tag rule
+itself is ``gateway/redis/keys.py``'s, shared with the ledger.
 """
 
 from __future__ import annotations
 
 from gateway.quota.errors import InvalidQuotaRequest
+from gateway.redis.keys import InvalidTag, hash_tag
 
 __all__ = ["PREFIX", "record_key", "scope_key", "tenant_tag"]
 
@@ -26,9 +28,10 @@ PREFIX = "gw:q:"
 
 def tenant_tag(tenant: str) -> str:
     """``gw:q:{tenant}``: the prefix that pins a tenant's keys to one cluster slot."""
-    if not tenant or "{" in tenant or "}" in tenant:
-        raise InvalidQuotaRequest(f"tenant id {tenant!r} cannot be used in a Redis hash tag")
-    return f"{PREFIX}{{{tenant}}}"
+    try:
+        return hash_tag(PREFIX, tenant)
+    except InvalidTag as exc:
+        raise InvalidQuotaRequest(f"tenant id {exc}") from None
 
 
 def scope_key(tenant: str, scope: str) -> str:

@@ -1,42 +1,25 @@
 """The Redis quota store: exact limits shared by every replica, one round trip per step.
 
 ``reserve``, ``renew`` and ``settle`` each run one Lua script (``scripts.py``) with one
-``EVALSHA``; the scripts are hashed once here and loaded on the first ``NOSCRIPT`` (after a
-Redis restart too). Works with ``redis.asyncio.Redis`` and ``redis.asyncio.cluster.RedisCluster``:
-all keys of a call share the tenant's hash tag, so they live in one slot.
+``EVALSHA``; the scripts are hashed once here, loaded together at the first call and again
+on a ``NOSCRIPT`` (after a Redis restart). The client is any ``gateway.redis.RedisLike`` (the
+pipelined client on one node, redis-py for TLS, unix sockets and Cluster; ``from_url`` builds
+it with ``gateway.redis.open_redis``); every command goes to it in RESP, its fixed parts encoded
+once (``_Parts``). All keys of a call share the tenant's hash tag, so they live in one slot.
 
-Failure handling: every call is bounded by ``deadline`` (on top of the client's socket
-timeouts and with redis-py's own retries switched off by ``from_url``), and after a failure the
-store backs off (``backoff.py``) and raises ``QuotaBackingOff`` at once instead of waiting on a
-dead server. Every redis-py error leaves as a ``QuotaError`` (``map_redis_error``).
+Failure handling: every call is bounded by ``deadline`` (with redis-py's own retries switched
+off by the factory), and after a failure the store backs off (``backoff.py``) and raises
+``QuotaBackingOff`` at once instead of waiting on a dead server. Every Redis failure leaves as
+a ``QuotaError`` (``map_redis_error``, the shared mapping of ``gateway/redis/errors.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
-
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
-from redis.backoff import NoBackoff
-from redis.exceptions import (
-    BusyLoadingError,
-    ClusterDownError,
-    NoScriptError,
-    OutOfMemoryError,
-    ReadOnlyError,
-    RedisClusterException,
-    RedisError,
-    ResponseError,
-    TryAgainError,
-)
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
 from gateway.backoff import Backoff
 from gateway.quota.base import (
@@ -58,27 +41,32 @@ from gateway.quota.keys import record_key, scope_key, tenant_tag
 from gateway.quota.limits import LIMIT_NAMES
 from gateway.quota.memory import RECORD_TTL
 from gateway.quota.scripts import RENEW, RESERVE, SETTLE, USAGE
-from gateway.resp import PipelinedRedis, bulk, encode_command, pipelined_client
+from gateway.redis import (
+    FAILURES,
+    ErrorMap,
+    RedisLike,
+    Timeouts,
+    array_head,
+    bulk,
+    encode_command,
+    is_no_script,
+    is_outage,
+    open_redis,
+)
+from gateway.redis.encoding import BULK
 
 if TYPE_CHECKING:
     from gateway.quota.base import QuotaRequest
     from gateway.quota.limits import Scope
 
-__all__ = ["RedisClient", "RedisQuotaStore", "map_redis_error"]
+__all__ = ["RedisQuotaStore", "map_redis_error"]
 
-RedisClient = Redis | RedisCluster | PipelinedRedis
+#: the quota error for a Redis failure (timeout, connect, refused: ``gateway/redis/errors.py``)
+map_redis_error: ErrorMap[QuotaError] = ErrorMap(
+    timeout=QuotaTimeout, connect=QuotaConnectError, refused=QuotaStoreError)
 
-_OUTAGE_ERRORS = (
-    RedisConnectionError,  # includes BusyLoadingError (LOADING)
-    RedisTimeoutError,
-    ClusterDownError,
-    TryAgainError,
-    ReadOnlyError,
-    OutOfMemoryError,
-    RedisClusterException,
-    OSError,
-    TimeoutError,
-)
+#: a reserve or settle: head, record key, scope keys, request id, first, middle, last
+_COMMAND = b"%b" + BULK + b"%b" + BULK + BULK + b"%b" + BULK
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +101,8 @@ class _Parts:
         keys = b"".join(bulk(scope_key(tenant, s.name)) for s in scopes)
 
         def head(script: _Script, nargs: int) -> bytes:
-            return b"*%d\r\n%b%b%b" % (3 + nkeys + nargs, bulk("EVALSHA"), bulk(script.sha),
-                                         bulk(nkeys))
+            return (array_head(3 + nkeys + nargs) + bulk("EVALSHA") + bulk(script.sha)
+                    + bulk(nkeys))
 
         limits = b"".join(bulk(v) for v in (round(lease_ttl * 1e6), store._window_us,
                                               store._record_ttl_ms(lease_ttl), _wire(scopes)))
@@ -128,18 +116,8 @@ class _Parts:
         record = f"{self.tag}:r:{request_id}".encode()
         rid = request_id.encode()
         one, two = b"%d" % first, b"%d" % last
-        return b"%b$%d\r\n%b\r\n%b$%d\r\n%b\r\n$%d\r\n%b\r\n%b$%d\r\n%b\r\n" % (
-            head, len(record), record, self.keys, len(rid), rid, len(one), one, middle,
-            len(two), two)
-
-
-def map_redis_error(exc: BaseException) -> QuotaError:
-    """The most specific quota error for a redis-py (or socket) failure."""
-    if isinstance(exc, RedisTimeoutError | TimeoutError):
-        return QuotaTimeout(f"Redis did not answer in time: {exc!r}")
-    if isinstance(exc, RedisConnectionError | OSError) and not isinstance(exc, BusyLoadingError):
-        return QuotaConnectError(f"Redis connection failed: {exc!r}")
-    return QuotaStoreError(f"Redis answered with an error: {exc!r}")
+        return _COMMAND % (head, len(record), record, self.keys, len(rid), rid, len(one), one,
+                           middle, len(two), two)
 
 
 @lru_cache(maxsize=4096)
@@ -176,8 +154,8 @@ class RedisQuotaStore(QuotaStore):
     """Quota counters in Redis (or Redis Cluster), exact across processes and replicas.
 
     Args:
-        client: a ``Redis`` or ``RedisCluster`` client; build one with ``from_url`` to get
-            bounded timeouts and no hidden retries.
+        client: any Redis client of ``gateway.redis`` (``open_redis``: bounded timeouts, no
+            hidden retries); ``from_url`` builds one.
         deadline: upper bound of one call, seconds, whatever the client does.
         window: rolling window of rpm/tpm in seconds (60; shorter in tests).
         record_ttl: how long an unrenewed reservation stays settleable.
@@ -201,7 +179,7 @@ class RedisQuotaStore(QuotaStore):
 
     def __init__(
         self,
-        client: RedisClient,
+        client: RedisLike,
         *,
         deadline: float = 0.25,
         window: float = WINDOW,
@@ -216,8 +194,6 @@ class RedisQuotaStore(QuotaStore):
         self._record_ttl = record_ttl
         self._backoff = backoff or Backoff()
         self._owns_client = owns_client
-        #: the hot path's calls go to the pipelined client pre-encoded (see ``_Parts``)
-        self._lean = isinstance(client, PipelinedRedis)
         self._parts: dict[tuple[str, int, float], _Parts] = {}
         self._scripts_loaded = False
         self._reserve = _Script.of(RESERVE)
@@ -248,41 +224,32 @@ class RedisQuotaStore(QuotaStore):
                 already bounds the call, and redis-py implements this one with a task per
                 write (``asyncio.wait_for``), a fifth of the client's CPU per call.
             pipelined: talk to a single node (``redis://``) with the lean auto-pipelining
-                client (``resp.py``); Cluster, TLS and unix sockets always use redis-py.
+                client (``gateway/redis/pipelined.py``); Cluster, TLS and unix sockets always
+                use redis-py.
             kwargs: passed to the store.
 
         redis-py's default retries would multiply the wait on a dead server; the store's
         back-off replaces them. A cancelled call drops its connection (redis-py does that), so
         a late reply can never be read by the next caller.
         """
-        options: dict[str, Any] = {
-            "socket_connect_timeout": min(connect_timeout, timeout),
-            "socket_timeout": socket_timeout,
-            "retry": Retry(NoBackoff(), 0),
-            "max_connections": max_connections,
-        }
-        client: RedisClient | None = pipelined_client(
-            url, cluster=cluster, pipelined=pipelined,
-            connect_timeout=min(connect_timeout, timeout))
-        if client is None:
-            client = (RedisCluster.from_url(url, **options) if cluster
-                      else Redis.from_url(url, health_check_interval=0, **options))
+        client = open_redis(url, cluster=cluster, pipelined=pipelined,
+                            timeouts=Timeouts(connect=min(connect_timeout, timeout),
+                                              socket=socket_timeout),
+                            max_connections=max_connections)
         kwargs.setdefault("deadline", timeout)
         return cls(client, owns_client=True, **kwargs)
 
     def __repr__(self) -> str:
-        kind = ("cluster" if isinstance(self._client, RedisCluster)
-                else "pipelined" if isinstance(self._client, PipelinedRedis) else "redis")
-        return f"<RedisQuotaStore [{kind} | {self._backoff!r}]>"
+        return f"<RedisQuotaStore [{self._client.kind} | {self._backoff!r}]>"
 
     @property
-    def client(self) -> RedisClient:
+    def client(self) -> RedisLike:
         return self._client
 
     # -- the steps ------------------------------------------------------------------------
 
     def _reserve_args(self, request: QuotaRequest) -> tuple[list[str], list[Any]]:
-        """The reserve's keys and arguments (redis-py sends these; the tests' reference)."""
+        """The reserve's keys and arguments (the tests' reference for ``_reserve_encoded``)."""
         keys = [record_key(request.tenant, request.request_id)]
         keys.extend(scope_key(request.tenant, scope.name) for scope in request.scopes)
         return keys, [request.request_id, request.estimated_tokens,
@@ -313,10 +280,7 @@ class RedisQuotaStore(QuotaStore):
 
     async def reserve(self, request: QuotaRequest) -> Decision:
         scopes = request.scopes
-        if self._lean:
-            reply = await self._run_lean(self._reserve, self._reserve_encoded(request), True)
-        else:
-            reply = await self._run(self._reserve, *self._reserve_args(request))
+        reply = await self._run(self._reserve, self._reserve_encoded(request))
         if reply[0] == 0:
             return Decision(
                 admitted=False,
@@ -346,22 +310,19 @@ class RedisQuotaStore(QuotaStore):
             round(reservation.lease_ttl * 1e6),
             self._record_ttl_ms(reservation.lease_ttl),
         ]
-        return int(await self._run(self._renew, keys, args)) == 1
+        return int(await self._run(self._renew, _evalsha(self._renew, keys, args))) == 1
 
     async def settle(
         self, reservation: Reservation, actual_tokens: int, actual_cost: int | None = None
     ) -> bool:
         cost = -1 if actual_cost is None else max(0, actual_cost)
         # nobody waits on a settle's timing: it may share a write with others (``urgent``)
-        if self._lean:
-            encoded = self._settle_encoded(reservation, max(0, actual_tokens), cost)
-            return int(await self._run_lean(self._settle, encoded, False)) == 1
-        keys = self._keys(reservation.tenant, reservation.request_id, reservation.scopes)
-        args = [reservation.request_id, max(0, actual_tokens), self._window_us, cost]
-        return int(await self._run(self._settle, keys, args, urgent=False)) == 1
+        encoded = self._settle_encoded(reservation, max(0, actual_tokens), cost)
+        return int(await self._run(self._settle, encoded, urgent=False)) == 1
 
     async def usage(self, tenant: str, scope: str) -> Usage:
-        reply = await self._run(self._usage, [scope_key(tenant, scope)], [self._window_us])
+        reply = await self._run(self._usage, _evalsha(self._usage, [scope_key(tenant, scope)],
+                                                      [self._window_us]))
         requests, tokens, in_flight, today, month = (int(v) for v in reply)
         return Usage(
             requests=requests,
@@ -376,7 +337,7 @@ class RedisQuotaStore(QuotaStore):
         try:
             async with asyncio.timeout(self._deadline):
                 await self._client.execute_command("PING")
-        except (*_OUTAGE_ERRORS, RedisError) as exc:
+        except FAILURES as exc:
             self._backoff.failure()
             raise map_redis_error(exc) from exc
         if self._backoff.failing:
@@ -391,7 +352,7 @@ class RedisQuotaStore(QuotaStore):
             try:
                 async with asyncio.timeout(self._deadline):
                     await self._client.script_load(script.source)
-            except (*_OUTAGE_ERRORS, RedisError) as exc:
+            except FAILURES as exc:
                 raise map_redis_error(exc) from exc
 
     async def aclose(self) -> None:
@@ -406,70 +367,48 @@ class RedisQuotaStore(QuotaStore):
     def _record_ttl_ms(self, lease_ttl: float) -> int:
         return round(max(self._record_ttl, 2 * lease_ttl) * 1000)
 
-    async def _run(self, script: _Script, keys: list[str], args: list[Any], *,
-                   urgent: bool = True) -> Any:
-        """EVALSHA once (plus a load on ``NOSCRIPT``), bounded, with errors translated.
+    async def _run(self, script: _Script, command: bytes, *, urgent: bool = True) -> Any:
+        """Send one encoded EVALSHA (plus a load on ``NOSCRIPT``), bounded, errors translated.
 
         ``urgent=False`` lets the pipelined client hold the command up to ~1 ms so it shares a
-        ``write`` with others (settles: the response is already on its way)."""
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        if self._lean:
-            return await self._run_lean(script, encode_command(command), urgent)
+        ``write`` with others (settles: the response is already on its way). The client bounds
+        each call (the pipelined one on its coarse deadline wheel, without a timer per call).
+        """
         if not self._backoff.allow():
             raise QuotaBackingOff("Redis failed moments ago; backing off before the next try")
         client = self._client
-        try:
-            async with asyncio.timeout(self._deadline):  # redis-py: one bound around the call
-                try:
-                    reply = await client.execute_command(*command)
-                except NoScriptError:  # Redis restarted: load (on every Cluster primary), retry
-                    await client.script_load(script.source)
-                    reply = await client.execute_command(*command)
-        except (*_OUTAGE_ERRORS, RedisError) as exc:
-            raise await self._translated(exc) from exc
-        self._backoff.success()
-        return reply
-
-    async def _run_lean(self, script: _Script, command: bytes, urgent: bool) -> Any:
-        """:meth:`_run` on the pipelined client, for a command already encoded; the client
-        bounds each call on its coarse deadline wheel."""
-        if not self._backoff.allow():
-            raise QuotaBackingOff("Redis failed moments ago; backing off before the next try")
-        client = self._client
-        assert isinstance(client, PipelinedRedis)
         try:
             if not self._scripts_loaded:
-                await self._load_scripts(client)
+                await self._load_scripts()
             try:
                 reply = await client.execute_encoded(command, urgent=urgent,
                                                      timeout=self._deadline)
-            except NoScriptError:  # Redis restarted: load the script, send again
-                await client.execute_command("SCRIPT", "LOAD", script.source,
-                                             timeout=self._deadline)
+            except FAILURES as exc:
+                if not is_no_script(exc):
+                    raise
+                # Redis restarted (or a new Cluster node): load the script, send again
+                async with asyncio.timeout(self._deadline):
+                    await client.script_load(script.source)
                 reply = await client.execute_encoded(command, timeout=self._deadline)
-        except (*_OUTAGE_ERRORS, RedisError) as exc:
+        except FAILURES as exc:
             raise await self._translated(exc) from exc
         self._backoff.success()
         return reply
 
-    async def _load_scripts(self, client: PipelinedRedis) -> None:
-        """Load every script at the first call, in one write. Loading one only when its
-        EVALSHA met ``NOSCRIPT`` costs that call two more round trips, and a settle delayed
-        so could reach Redis after the next request's reserve (a slot the client just freed
-        would still look taken); after a Redis restart that fallback still applies."""
+    async def _load_scripts(self) -> None:
+        """Load every script at the first call (one write on the pipelined client). Loading
+        one only when its EVALSHA met ``NOSCRIPT`` costs that call two more round trips, and a
+        settle delayed so could reach Redis after the next request's reserve (a slot the client
+        just freed would still look taken); after a Redis restart that fallback still applies."""
         scripts = (self._reserve, self._settle, self._renew, self._usage)
         async with asyncio.timeout(self._deadline):  # once per process: a timer is fine
-            replies = await client.execute_many([("SCRIPT", "LOAD", s.source)
-                                                 for s in scripts])
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                raise reply
+            await self._client.load_scripts(s.source for s in scripts)
         self._scripts_loaded = True
 
     async def _translated(self, exc: BaseException) -> QuotaError:
         """The quota error for a failed call; an outage also starts (or lengthens) the
         back-off, a script error (a bug, not an outage) does not."""
-        if isinstance(exc, ResponseError) and not isinstance(exc, _OUTAGE_ERRORS):
+        if not is_outage(exc):
             return map_redis_error(exc)
         await self._fail()
         return map_redis_error(exc)
@@ -482,8 +421,9 @@ class RedisQuotaStore(QuotaStore):
         self._backoff.failure()
 
     async def _drop_idle_connections(self) -> None:
-        if isinstance(self._client, PipelinedRedis):  # one connection: it may hang, drop it
-            self._client.disconnect()
-        elif isinstance(self._client, Redis):  # RedisCluster re-discovers its nodes itself
-            with contextlib.suppress(Exception):
-                await self._client.connection_pool.disconnect(inuse_connections=False)
+        await self._client.drop_idle()
+
+
+def _evalsha(script: _Script, keys: list[str], args: list[Any]) -> bytes:
+    """The generic encoding of a script call (the steps off the hot path)."""
+    return encode_command(("EVALSHA", script.sha, len(keys), *keys, *args))

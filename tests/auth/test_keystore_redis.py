@@ -1,4 +1,5 @@
-"""Managed keys in Redis and in a real 3-master Redis Cluster: put, get, list, revoke."""
+"""Managed keys in Redis (the pipelined client and redis-py) and in a real 3-master Redis
+Cluster: put, get, list, revoke; the store answers the same whichever client it holds."""
 
 from __future__ import annotations
 
@@ -6,10 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
 
 from gateway.auth.keystore import KeyRecord, RedisKeyStore, digest_for
+from gateway.redis import open_redis
 from tests.quota.servers import RedisCluster3, RedisProc
 
 
@@ -33,10 +33,13 @@ async def _exercise(store: RedisKeyStore) -> None:
     assert await store.by_id("nope") is None
 
 
-async def test_redis(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "redis-py"])
+async def test_redis(tmp_path: Path, pipelined: bool) -> None:
     proc = RedisProc(tmp_path).start()
     try:
-        store = RedisKeyStore(Redis.from_url(proc.url))
+        client = open_redis(proc.url, pipelined=pipelined)
+        assert client.kind == ("pipelined" if pipelined else "redis")
+        store = RedisKeyStore(client, timeout=2.0)
         await _exercise(store)
         await store.aclose()
     finally:
@@ -47,7 +50,7 @@ async def test_redis(tmp_path: Path) -> None:
 async def test_redis_cluster(tmp_path: Path) -> None:
     cluster = RedisCluster3(tmp_path).start()
     try:
-        store = RedisKeyStore(RedisCluster.from_url(cluster.url), timeout=2.0)
+        store = RedisKeyStore(open_redis(cluster.url, cluster=True), timeout=2.0)
         await _exercise(store)
         await store.aclose()
     finally:

@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 
 from gateway.ledger.record import UsageRecord
 from gateway.ledger.redis import RedisLedger
-from gateway.resp import encode_command
+from gateway.redis import PyRedis, encode_command
 
 _names = st.text(min_size=1, max_size=12)
 _counts = st.integers(min_value=0, max_value=2**40)
@@ -33,7 +33,7 @@ _records = st.builds(
 def test_encoded_equals_generic_encoding(tmp_path_factory: object, records: list[UsageRecord]
                                          ) -> None:
     spool = Path(tmp_path_factory.mktemp("spool"))
-    ledger = RedisLedger(Redis.from_url("redis://127.0.0.1:9"), spool_dir=spool)
+    ledger = RedisLedger(PyRedis(Redis.from_url("redis://127.0.0.1:9")), spool_dir=spool)
     for record in records * 2:  # the second pass reads the cached parts
         generic = encode_command(("EVALSHA", ledger._sha, 4, *ledger._script_args(record)))
         assert ledger._encoded(record) == generic

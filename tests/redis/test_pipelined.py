@@ -11,16 +11,8 @@ from redis.exceptions import AuthenticationError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.resp import PipelinedRedis, encode_command, supports_url
-from tests.quota.servers import RedisProc
-
-
-def test_encoding_is_resp_bulk_strings() -> None:
-    assert encode_command(("SET", "k", 12, b"\x00v")) == (
-        b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n12\r\n$2\r\n\x00v\r\n"
-    )
-    with pytest.raises(TypeError):
-        encode_command(("SET", "k", None))
+from gateway.redis.pipelined import PipelinedRedis, supports_url
+from tests.redis_servers import RedisProc
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """A lean, auto-pipelining Redis client for the hot path (one node, RESP2, hiredis).
 
-Used by the quota store (admit and settle, every request) and the ledger's write path.
+Used by the quota store (admit and settle, every request), the ledger and the key store
+whenever Redis is one node over plain TCP (``client.py`` picks it).
 
 Why not redis-py here: profiled through the gateway with quotas on, redis-py's asyncio client
 spent ~100 µs of the event loop per EVALSHA (command packing, the connection pool, a timeout
@@ -10,12 +11,12 @@ iteration in one ``write`` (auto-pipelining); replies are parsed by hiredis and 
 callers in order. Each caller still waits exactly one round trip.
 
 It speaks to one Redis node (``redis://[user:password@]host[:port][/db]``); Redis Cluster,
-TLS and unix sockets stay on redis-py (``RedisQuotaStore.from_url`` and
-``RedisLedger.from_url`` pick). Errors are
-redis-py's exception classes, so the store's failure handling is the same for both clients:
-a lost connection fails every waiting call with ``ConnectionError`` and the next call
-reconnects; ``disconnect`` (the store calls it on its first failure, a timeout included) drops a
-connection that may hang.
+TLS and unix sockets stay on redis-py (``client.py`` picks, ``pyredis.py`` adapts it to the
+same interface, ``base.RedisLike``). Errors are redis-py's exception classes, so the stores'
+failure handling (``errors.py``) is the same for both clients: a lost connection fails every
+waiting call with ``ConnectionError`` and the next call reconnects; ``disconnect`` (the stores
+call it through ``drop_idle`` on their first failure, a timeout included) drops a connection
+that may hang.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -40,9 +41,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.deadlines import wheel
+from gateway.redis.encoding import encode_command
 
-__all__ = ["LAZY_FLUSH_S", "PipelinedRedis", "bulk", "encode_command", "pipelined_client",
-           "supports_url"]
+__all__ = ["LAZY_FLUSH_S", "PipelinedRedis", "supports_url"]
 
 #: how long a non-urgent command may wait for others to share its write
 LAZY_FLUSH_S = 0.001
@@ -60,44 +61,6 @@ _ERRORS: tuple[tuple[str, type[ResponseError] | type[RedisConnectionError]], ...
 def supports_url(url: str) -> bool:
     """True for a plain ``redis://`` URL, the only kind this client speaks."""
     return urlparse(url).scheme == "redis"
-
-
-def pipelined_client(url: str, *, cluster: bool, pipelined: bool,
-                     connect_timeout: float) -> PipelinedRedis | None:
-    """The lean client for ``url`` when asked for and able (one node, ``redis://``), else
-    None (the caller uses redis-py)."""
-    if pipelined and not cluster and supports_url(url):
-        return PipelinedRedis.from_url(url, connect_timeout=connect_timeout)
-    return None
-
-
-def encode_command(args: tuple[Any, ...]) -> bytes:
-    """One command in RESP: an array of bulk strings."""
-    parts = [b"*%d\r\n" % len(args)]
-    append = parts.append
-    for value in args:
-        kind = value.__class__
-        if kind is str:
-            data = value.encode()
-        elif kind is bytes:
-            data = value
-        elif kind is int:
-            data = b"%d" % value
-        elif kind is float:
-            data = repr(value).encode()
-        elif isinstance(value, bytes | bytearray | memoryview):
-            data = bytes(value)
-        else:
-            raise TypeError(f"cannot send {kind.__name__} to Redis")
-        append(b"$%d\r\n%b\r\n" % (len(data), data))
-    return b"".join(parts)
-
-
-def bulk(value: str | int | bytes) -> bytes:
-    """One RESP bulk string, as :func:`encode_command` writes each argument: for callers that
-    keep the fixed parts of a command they send on every request encoded once."""
-    data = value if isinstance(value, bytes) else str(value).encode()
-    return b"$%d\r\n%b\r\n" % (len(data), data)
 
 
 def _expire(waiter: asyncio.Future[Any], timeout: float) -> None:
@@ -205,6 +168,9 @@ class PipelinedRedis:
         connect_timeout: bound of the TCP connect plus AUTH/SELECT.
     """
 
+    #: what the stores' reprs show (``base.RedisLike.kind``)
+    kind = "pipelined"
+
     def __init__(self, host: str = "127.0.0.1", port: int = 6379, *, db: int = 0,
                  username: str | None = None, password: str | None = None,
                  connect_timeout: float = 0.2) -> None:
@@ -295,8 +261,18 @@ class PipelinedRedis:
         sha = await self.execute_command("SCRIPT", "LOAD", source)
         return sha.decode() if isinstance(sha, bytes) else str(sha)
 
+    async def load_scripts(self, sources: Iterable[str]) -> None:
+        """``SCRIPT LOAD`` each source, all in one write; the first error reply is raised."""
+        for reply in await self.execute_many([("SCRIPT", "LOAD", s) for s in sources]):
+            if isinstance(reply, BaseException):
+                raise reply
+
     async def ping(self) -> bool:
         return bool(await self.execute_command("PING"))
+
+    async def drop_idle(self) -> None:
+        """The one connection may hang on a dead server: drop it (``base.RedisLike``)."""
+        self.disconnect()
 
     def disconnect(self) -> None:
         """Drop the connection (calls waiting on it fail); the next call reconnects."""
