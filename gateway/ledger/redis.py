@@ -47,25 +47,16 @@ from gateway.ledger.keys import (
 from gateway.ledger.record import decode_record, encode_record
 from gateway.ledger.scripts import STORE_RECORD
 from gateway.ledger.spool import Spool
-from gateway.redis import (
-    FAILURES,
-    ErrorMap,
-    RedisLike,
-    Timeouts,
-    array_head,
-    bulk,
-    is_no_script,
-    is_outage,
-    open_redis,
-)
-from gateway.redis.encoding import BULK
+from gateway.redis.client import Timeouts, open_redis
+from gateway.redis.encoding import BULK, array_head, bulk
+from gateway.redis.errors import FAILURES, ErrorMap, is_no_script, is_outage
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
 
     from gateway.ledger.aggregate import Period
     from gateway.ledger.record import UsageRecord
-    from gateway.redis import Command
+    from gateway.redis.base import Command, RedisLike
 
 __all__ = ["RedisLedger", "map_redis_error"]
 

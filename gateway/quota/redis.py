@@ -41,23 +41,14 @@ from gateway.quota.keys import record_key, scope_key, tenant_tag
 from gateway.quota.limits import LIMIT_NAMES
 from gateway.quota.memory import RECORD_TTL
 from gateway.quota.scripts import RENEW, RESERVE, SETTLE, USAGE
-from gateway.redis import (
-    FAILURES,
-    ErrorMap,
-    RedisLike,
-    Timeouts,
-    array_head,
-    bulk,
-    encode_command,
-    is_no_script,
-    is_outage,
-    open_redis,
-)
-from gateway.redis.encoding import BULK
+from gateway.redis.client import Timeouts, open_redis
+from gateway.redis.encoding import BULK, array_head, bulk, encode_command
+from gateway.redis.errors import FAILURES, ErrorMap, is_no_script, is_outage
 
 if TYPE_CHECKING:
     from gateway.quota.base import QuotaRequest
     from gateway.quota.limits import Scope
+    from gateway.redis.base import RedisLike
 
 __all__ = ["RedisQuotaStore", "map_redis_error"]
 

@@ -174,11 +174,8 @@ class PipelinedRedis:
     def __init__(self, host: str = "127.0.0.1", port: int = 6379, *, db: int = 0,
                  username: str | None = None, password: str | None = None,
                  connect_timeout: float = 0.2) -> None:
-        self.host = host
-        self.port = port
-        self.db = db
-        self.username = username
-        self.password = password
+        self.host, self.port, self.db = host, port, db
+        self.username, self.password = username, password
         self.connect_timeout = connect_timeout
         self._proto: _Protocol | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None

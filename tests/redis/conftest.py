@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
-from tests.redis.servers import SocketRedis, TlsRedis
+from tests.redis.servers import Server, SocketRedis, TlsRedis
 from tests.redis_servers import RedisProc
+
+S = TypeVar("S", bound=Server)
 
 
 @pytest.fixture()
@@ -19,17 +22,17 @@ def own_redis(tmp_path: Path) -> Iterator[RedisProc]:
     proc.stop()
 
 
-@pytest.fixture(scope="session")
-def socket_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SocketRedis]:
-    server = SocketRedis(tmp_path_factory.mktemp("sock"))
+def _serving(server: S) -> Iterator[S]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def socket_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SocketRedis]:
+    yield from _serving(SocketRedis(tmp_path_factory.mktemp("sock")))
 
 
 @pytest.fixture(scope="session")
 def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
-    server = TlsRedis(tmp_path_factory.mktemp("tls"))
-    server.start()
-    yield server
-    server.stop()
+    yield from _serving(TlsRedis(tmp_path_factory.mktemp("tls")))

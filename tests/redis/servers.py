@@ -9,10 +9,10 @@ from pathlib import Path
 
 from tests.redis_servers import REDIS_CLI, REDIS_SERVER, free_port
 
-__all__ = ["SocketRedis", "TlsRedis"]
+__all__ = ["Server", "SocketRedis", "TlsRedis"]
 
 
-class _Server:
+class Server:
     """A redis-server with ``args``; ``ping`` is how it is known to be up."""
 
     def __init__(self, directory: Path) -> None:
@@ -25,7 +25,7 @@ class _Server:
     def ping_args(self) -> list[str]:
         raise NotImplementedError
 
-    def start(self) -> _Server:
+    def start(self) -> Server:
         base = [REDIS_SERVER, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--dir", str(self.dir)]
         self.proc = subprocess.Popen([*base, *self.args()], stdout=subprocess.DEVNULL,
@@ -47,7 +47,7 @@ class _Server:
             self.proc = None
 
 
-class SocketRedis(_Server):
+class SocketRedis(Server):
     """Listens on ``<dir>/redis.sock`` only."""
 
     @property
@@ -61,7 +61,7 @@ class SocketRedis(_Server):
         return ["-s", str(self.path)]
 
 
-class TlsRedis(_Server):
+class TlsRedis(Server):
     """Speaks TLS only, on a free port, with a certificate for 127.0.0.1 (``ca`` trusts it)."""
 
     def __init__(self, directory: Path) -> None:
