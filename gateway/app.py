@@ -21,17 +21,16 @@ from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
 from gateway.api.admin import admin_gate, admin_handlers, is_admin_path, reload_logged
-from gateway.api.asgi import send_error
 from gateway.api.batches import batch_handlers, line_executor
 from gateway.api.files import file_handlers
 from gateway.api.health import Readiness
 from gateway.api.models import ModelsHandler
 from gateway.api.openapi import openapi_handlers
-from gateway.api.parse import ENDPOINTS
-from gateway.api.proxy import ProxyHandler, request_id_for
+from gateway.api.proxy import ProxyHandler
 from gateway.api.usage import usage_handlers
 from gateway.batch import BatchRunner
 from gateway.config import PolicyError, load_policy
+from gateway.context import new_request_id
 from gateway.errors import (
     AuthenticationFailed,
     GatewayError,
@@ -39,6 +38,8 @@ from gateway.errors import (
     RouteNotFound,
     error_body,
 )
+from gateway.http.asgi import send_error
+from gateway.request.parse import ENDPOINTS
 from gateway.runtime import METRICS_TOKEN_ENV, Gateway
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ async def _add_request_id(message: Message, scope: Scope) -> None:
     for key, _ in headers:
         if key == b"x-request-id":
             return
-    headers.append((b"x-request-id", request_id_for(scope).encode()))
+    headers.append((b"x-request-id", new_request_id().encode()))
 
 
 def _mark_draining_on_sigterm(gateway: Gateway) -> None:
@@ -146,7 +147,7 @@ class GatewayApp(Litestar):
                 refused = admin_gate(scope)
                 if refused is not None:
                     await send_error(send, refused, [(b"x-request-id",
-                                                      request_id_for(scope).encode())])
+                                                      new_request_id().encode())])
                     return
         await super().__call__(scope, receive, send)  # type: ignore[arg-type]
 
@@ -159,8 +160,8 @@ def _reload_on_sighup(gateway: Gateway) -> None:
 
     def reload() -> None:
         task = loop.create_task(reload_logged(gateway, "SIGHUP"))
-        gateway.shadow_tasks.add(task)  # keep a reference until done
-        task.add_done_callback(gateway.shadow_tasks.discard)
+        gateway.tasks.add(task)  # keep a reference until done
+        task.add_done_callback(gateway.tasks.discard)
 
     with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
         loop.add_signal_handler(signal.SIGHUP, reload)
@@ -185,11 +186,11 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
     fast_routes: dict[str, ASGIApp] = {}
     proxies: dict[str, ProxyHandler] = {}
     for path, endpoint in ENDPOINTS.items():
-        handler: ASGIApp = proxies.setdefault(path, ProxyHandler(gateway, endpoint))
+        handler: ASGIApp = proxies.setdefault(path, ProxyHandler(gateway.pipeline, endpoint))
         fast_routes[path] = handler
         handlers.append(asgi(path, name=endpoint.operation, copy_scope=False)(handler))
     # --- batch jobs (issue 9): the runner's lines go through the same proxy handlers
-    gateway.batch_runner = BatchRunner(gateway, gateway.batches, line_executor(proxies))
+    gateway.batch_runner = BatchRunner(gateway, gateway.batches, line_executor(gateway.pipeline))
     handlers += [*file_handlers(gateway), *batch_handlers(gateway)]
     models: ASGIApp = ModelsHandler(gateway)
     # a mount, because model ids may hold slashes ("meta-llama/Llama-3.1-8B")

@@ -26,9 +26,9 @@ from gateway.auth.resolver import KeyResolver
 from gateway.batch import BatchRunner, make_batch_jobs
 from gateway.config import key_hashes, load_policy
 from gateway.ledger import Ledger, LedgerSettings, MemoryLedger, RedisLedger
+from gateway.pipeline import Pipeline, Services
 from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, RedisQuotaStore
 from gateway.quota.admission import scopes_for
-from gateway.routing.rollout import ShadowStats
 from gateway.routing.router import Router
 from gateway.telemetry import (
     FinishedRequests,
@@ -39,6 +39,7 @@ from gateway.telemetry import (
 )
 from gateway.upstream.base import make_upstream
 from gateway.upstream.monitors import Monitors
+from gateway.upstream.shadow import Mirror
 from gateway.workers import Siblings, workers_dir
 
 if TYPE_CHECKING:
@@ -173,9 +174,9 @@ class Gateway:
         self.counters: dict[str, PromptCounter] = {}
         self.draining = False
         self.reloads = 0
-        self.shadow_tasks: set[asyncio.Task[Any]] = set()  # background tasks kept referenced
+        self.tasks: set[asyncio.Task[Any]] = set()  # background tasks kept referenced
         self.settles: set[asyncio.Task[None]] = set()  # quota settles still running
-        self.shadow_stats = ShadowStats()
+        self.mirror = Mirror(self.upstream, self.metrics)  # shadow traffic and its stats
         self._monitors: Monitors | None = None
         self._reload_lock = asyncio.Lock()
         # the other workers of this server (--workers N), for reloads and scrapes that must
@@ -185,6 +186,13 @@ class Gateway:
         # which knows the proxy routes its lines go through
         self.batches = make_batch_jobs(policy.batch, os.environ.get(policy.store.redis_url_env))
         self.batch_runner: BatchRunner | None = None
+        #: the request pipeline, with the services it uses (and nothing else of this object)
+        self.pipeline = Pipeline(Services(
+            current=lambda: self.runtime, draining=lambda: self.draining,
+            upstream=self.upstream, quota=self.quota, ledger=self.ledger,
+            tracing=self.tracing, metrics=self.metrics, mirror=self.mirror,
+            counter=self.counter, finished=self.finished, settle_later=self.settle_later,
+        ))
 
     def counter(self, encoding: str) -> PromptCounter:
         counter = self.counters.get(encoding)
@@ -208,7 +216,7 @@ class Gateway:
         self._monitors.start()
         interval = self.runtime.policy.server.watch_interval
         if self.source is not None and interval > 0:
-            self.shadow_tasks.add(asyncio.create_task(self._watch_policy(interval)))
+            self.tasks.add(asyncio.create_task(self._watch_policy(interval)))
 
     def _policy_mtime(self) -> float:
         assert self.source is not None
@@ -265,7 +273,7 @@ class Gateway:
             await self.batch_runner.stop()  # are recorded while upstream and ledger are open
         if self._monitors is not None:
             await self._monitors.stop()
-        for task in list(self.shadow_tasks):
+        for task in [*self.tasks, *self.mirror.tasks]:
             task.cancel()
         if self.settles:  # every admitted request's settle reaches the store before it closes
             await asyncio.wait(set(self.settles), timeout=SETTLE_DRAIN_S)

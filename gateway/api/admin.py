@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from litestar import Request, Response, get, post
 
-from gateway.api.asgi import get_header
-from gateway.api.parse import decode_object
+from gateway.http.asgi import get_header
+from gateway.request.parse import decode_object
 from gateway.auth.manage import KeyAdminError, create_key, parse_expiry, public_view
 from gateway.config import PolicyError
 from gateway.errors import AuthenticationFailed, InvalidRequest, RouteNotFound
@@ -127,10 +127,10 @@ def admin_handlers(gateway: Gateway) -> list[Any]:
                 for name, pool in router.pools.items()
             },
             "retries_in_window": router.budget.retries,
-            "shadow": {"started": gateway.shadow_stats.started,
-                       "skipped": gateway.shadow_stats.skipped,
-                       "by_status": gateway.shadow_stats.by_status,
-                       "errors": gateway.shadow_stats.errors},
+            "shadow": {"started": gateway.mirror.stats.started,
+                       "skipped": gateway.mirror.stats.skipped,
+                       "by_status": gateway.mirror.stats.by_status,
+                       "errors": gateway.mirror.stats.errors},
             "reloads": gateway.reloads,
         }
 

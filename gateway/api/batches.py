@@ -12,22 +12,32 @@ from typing import TYPE_CHECKING, Any
 from litestar import Request, Response, get, post
 
 from gateway.api.files import identify, json_response
-from gateway.api.parse import decode_object
-from gateway.api.proxy import call_internal
-from gateway.batch import batch_object
+from gateway.batch import LineAnswer, batch_object
+from gateway.pipeline import Inbound
+from gateway.request.parse import ENDPOINTS, decode_object
 
 if TYPE_CHECKING:
-    from gateway.api.proxy import ProxyHandler
-    from gateway.batch import Execute, LineAnswer, LineCall
+    from gateway.batch import Execute, LineCall
+    from gateway.pipeline import Pipeline
     from gateway.runtime import Gateway
 
 __all__ = ["batch_handlers", "line_executor"]
 
-def line_executor(routes: dict[str, ProxyHandler]) -> Execute:
-    """Run a batch line through the proxy handler of its endpoint."""
+def line_executor(pipeline: Pipeline) -> Execute:
+    """Run a batch line through the pipeline, as a request of the key that made the batch."""
 
     async def execute(line: LineCall) -> LineAnswer:
-        return await call_internal(routes[line.endpoint], line)
+        body = line.body
+
+        async def read(limit: int) -> bytes:
+            return body
+
+        result = await pipeline.run_line(Inbound(
+            method="POST", endpoint=ENDPOINTS[line.endpoint],
+            headers=[(b"content-length", str(len(body)).encode())], read_body=read,
+            identity=line.identity, request_class="batch", request_id=line.request_id,
+            batch_id=line.batch_id))
+        return LineAnswer(result.status, result.body)
 
     return execute
 

@@ -8,9 +8,9 @@ from urllib.parse import unquote
 
 import msgspec
 
-from gateway.api.asgi import clip, get_header, send_error, send_json
-from gateway.api.proxy import request_id_for
+from gateway.context import new_request_id
 from gateway.errors import GatewayError, MethodNotAllowed, ModelNotFound
+from gateway.http.asgi import clip, get_header, send_error, send_json
 
 if TYPE_CHECKING:
     from gateway.runtime import Gateway, Runtime
@@ -60,7 +60,7 @@ class ModelsHandler:
         self._built_for = runtime
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        id_header = [(b"x-request-id", request_id_for(scope).encode())]
+        id_header = [(b"x-request-id", new_request_id().encode())]
         try:
             if scope["method"] not in ("GET", "HEAD"):
                 raise MethodNotAllowed(

@@ -1,9 +1,9 @@
 """The gateway's OpenAPI 3.1 document: every route it serves, built from the code's own facts.
 
-Generated, not hand-kept: the proxied routes come from :data:`~gateway.api.parse.ENDPOINTS`
-and their request bodies list exactly the fields :func:`~gateway.api.parse.parse_request`
+Generated, not hand-kept: the proxied routes come from :data:`~gateway.request.parse.ENDPOINTS`
+and their request bodies list exactly the fields :func:`~gateway.request.parse.parse_request`
 checks (``additionalProperties`` stays open: every other field passes through); the bounds
-(:data:`~gateway.api.parse.MAX_DEPTH`, the body limit) and the model names come from the
+(:data:`~gateway.request.parse.MAX_DEPTH`, the body limit) and the model names come from the
 policy. Errors are the one OpenAI shape of :mod:`gateway.errors`. Two bearer schemes: an API
 key (static or managed) for ``/v1``, the admin token for ``/admin``.
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from litestar import Response, get
 
-from gateway.api.parse import ENDPOINTS, MAX_DEPTH
+from gateway.request.parse import ENDPOINTS, MAX_DEPTH
 
 if TYPE_CHECKING:
     from gateway.config import Policy

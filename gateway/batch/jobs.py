@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.api.parse import ENDPOINTS
+from gateway.request.parse import ENDPOINTS
 from gateway.batch.errors import BatchNotCancellable, ObjectNotFound
 from gateway.batch.files import FileStore, LocalFileStore
 from gateway.batch.objects import (

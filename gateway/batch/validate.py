@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.api.parse import ENDPOINTS, MAX_DEPTH, nests_deeper, parse_request
+from gateway.request.parse import ENDPOINTS, MAX_DEPTH, nests_deeper, parse_request
 from gateway.batch.errors import BatchFileInvalid, BatchFileTooLarge
 from gateway.errors import InvalidRequest
 

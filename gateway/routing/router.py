@@ -17,13 +17,15 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gateway.routing.conversation import conversation_key
 from gateway.routing.errors import NoHealthyBackend
 from gateway.routing.pool import PoolState
 from gateway.routing.retry import RetryBudget
 from gateway.routing.rollout import choose_version
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Collection, Mapping
+    from typing import Any
 
     from gateway.config import Model, Policy, RequestClass
     from gateway.routing.backend import BackendState
@@ -66,6 +68,26 @@ class Router:
             if previous is not None and previous.policy.routing.retry == policy.routing.retry
             else RetryBudget(policy.routing.retry)
         )
+
+    def route_request(
+        self,
+        model: Model,
+        class_name: str,
+        key_id: str | None,
+        payload: Mapping[str, Any],
+        session: bytes | None = None,
+    ) -> Route:
+        """Route one request: its conversation (or key) picks the version a sticky model
+        keeps it on, and the backend an affine pool sends it back to."""
+        conversation = conversation_key(payload, session)
+        sticky: bytes | None = None
+        if model.sticky == "key":
+            sticky = (key_id or "").encode()
+        elif model.sticky == "conversation":
+            sticky = conversation
+        affine = self.pools[model.pool].config.affinity is not None or any(
+            self.pools[p].config.affinity is not None for p in model.pools.values())
+        return self.route(model, class_name, sticky, conversation if affine else None)
 
     def route(
         self,

@@ -261,3 +261,22 @@ def _retry_after(headers: RawHeaders, cap: float) -> float | None:
             wait = parse_retry_after(value)
             return None if wait is None else min(wait, cap)
     return None
+
+
+def release(forwarded: Forwarded, ctx: RequestContext) -> None:
+    """The answer is over: close it, feed its outcome and latencies to the backend's health
+    and averages, and give the backend's slot back to its pool."""
+    forwarded.response.close()
+    backend = forwarded.backend
+    if ctx.outcome == "completed":
+        backend.on_success()
+    elif ctx.outcome == "failed":
+        backend.on_failure(forwarded.pool.config.health, time.monotonic())
+    if forwarded.first_chunk_ns is not None:
+        ttft = (forwarded.first_chunk_ns - forwarded.sent_ns) / 1e9
+        tpot = None
+        if ctx.output_chunks > 1 and ctx.last_chunk_ns is not None:
+            tpot = (ctx.last_chunk_ns - forwarded.first_chunk_ns) / 1e9 / (ctx.output_chunks - 1)
+        backend.observe(ttft, tpot)
+        forwarded.pool.observe_ttft(ttft)
+    forwarded.pool.release(backend)

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import structlog
 
-from gateway.api.asgi import clip
+from gateway.http.asgi import clip
 from gateway.sim.server import SimServer
 from gateway.telemetry.logging import FIELD_LIMIT, LogSettings, setup_logging
 from tests.helpers import TEST_KEY, GatewayProcess, policy

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.api.ratelimit import format_duration, ratelimit_headers
+from gateway.quota.ratelimit import format_duration, ratelimit_headers
 from gateway.quota.base import RateLimitState
 
 

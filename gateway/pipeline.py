@@ -1,0 +1,376 @@
+"""The request pipeline: every stage of one request, in order, for live requests and batch
+lines alike.
+
+    authenticate -> parse and classify -> admit -> route -> shadow -> forward and relay
+    -> meter -> record
+
+Read :meth:`Pipeline.run` top to bottom to follow a request from the HTTP edge to the ledger.
+Each stage is one call into the package that owns its rules, with typed inputs and outputs:
+
+=================  ============================================================================
+authenticate       ``auth``: the key -> :class:`~gateway.auth.resolver.Identity` (or a 401)
+parse, classify    ``request.parse`` (the body), ``routing.classes`` (the class; a 400 for an
+                   unknown ``X-Request-Class``)
+admit              ``quota.admit``: the estimate, the reservation, the 429, ``x-ratelimit-*``
+route              ``routing.router``: version (canary weight, stickiness), pools, affinity
+shadow             ``upstream.shadow``: mirror an admitted request, never billed
+forward, relay     ``upstream.forward`` (attempts; retries only before the first byte) and
+                   ``upstream.relay`` (the answer, chunk by chunk, bounded by the deadline)
+meter              ``accounting.meter``: tokens by kind (system, history, new, tools, cached,
+                   output) and cost
+record             ``ledger.record``: the one usage record of an admitted request
+=================  ============================================================================
+
+Whatever fails after admission still reaches meter and record (``finally``): every admitted
+request leaves exactly one usage record and settles its reservation once. The HTTP edge
+(``api/``) only reads the request line and headers, hands over a way to read the body, and
+watches for a client that leaves; batch lines enter through :meth:`Pipeline.run_line`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from gateway.accounting import StreamScanner, request_usage
+from gateway.accounting.meter import meter
+from gateway.context import RequestContext, client_request_id, new_request_id
+from gateway.errors import (
+    GatewayError,
+    InternalError,
+    InvalidRequest,
+    MethodNotAllowed,
+    ModelNotFound,
+    ServerShuttingDown,
+)
+from gateway.http.asgi import ClientGone, clip, send_error
+from gateway.ledger import make_record
+from gateway.quota.admit import Admitted, admit
+from gateway.request.parse import parse_request
+from gateway.routing.classes import UnknownClass, resolve_class
+from gateway.routing.conversation import SESSION_HEADER
+from gateway.upstream.forward import forward, release
+from gateway.upstream.headers import outbound_headers
+from gateway.upstream.relay import relay_response
+from gateway.upstream.rename import ModelRenamer, RenamingScanner
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Coroutine
+
+    from gateway.accounting import PromptCounter, TokenUsage
+    from gateway.auth.resolver import Identity
+    from gateway.config import Model
+    from gateway.ledger import Ledger
+    from gateway.quota import QuotaStore
+    from gateway.request.parse import Endpoint, ParsedRequest
+    from gateway.runtime import Runtime
+    from gateway.telemetry import Metrics, RequestSpan, RequestTracing
+    from gateway.types import Message, RawHeaders, Send
+    from gateway.upstream.base import UpstreamClient
+    from gateway.upstream.forward import Forwarded
+    from gateway.upstream.shadow import Mirror
+
+__all__ = ["Inbound", "LineResult", "Pipeline", "Services"]
+
+_encoder = msgspec.json.Encoder()
+_log = logging.getLogger("gateway.pipeline")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Services:
+    """The long-lived services a request uses, built once by the app and never reassigned.
+
+    ``current`` gives the policy snapshot a request starts with (a reload swaps it; a request
+    in flight keeps its own); ``draining`` says whether the process is shutting down.
+    """
+
+    current: Callable[[], Runtime]
+    draining: Callable[[], bool]
+    upstream: UpstreamClient
+    quota: QuotaStore
+    ledger: Ledger
+    tracing: RequestTracing
+    metrics: Metrics
+    mirror: Mirror
+    counter: Callable[[str], PromptCounter]
+    finished: Callable[[RequestContext, RequestSpan], None]
+    settle_later: Callable[[Coroutine[Any, Any, None]], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Inbound:
+    """One request as the pipeline takes it.
+
+    ``read_body(limit)`` reads the body (after authentication: an unauthenticated client
+    never makes the gateway read it); ``on_body_read`` lets the edge start watching for a
+    client that leaves; ``client_gone`` tells a cancellation by that watch from a shutdown.
+    A batch line sets ``identity``, ``request_class``, ``request_id`` and ``batch_id``.
+    """
+
+    method: str
+    endpoint: Endpoint
+    headers: RawHeaders
+    read_body: Callable[[int], Awaitable[bytes]]
+    on_body_read: Callable[[RequestContext], None] | None = None
+    client_gone: Callable[[], bool] | None = None
+    identity: Identity | None = None
+    request_class: str | None = None
+    request_id: str | None = None
+    batch_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LineResult:
+    """A batch line's answer: the status and the whole body the client would have read."""
+
+    status: int
+    body: bytes
+
+
+class Pipeline:
+    """Runs requests through the stages; one per process, shared by every request."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+
+    async def run(self, inbound: Inbound, send: Send) -> None:
+        """One request, from its headers to its usage record; answers through ``send``."""
+        services = self.services
+        runtime = services.current()  # this request's policy snapshot, whatever reloads
+        ctx = _context(inbound)
+        answer: RawHeaders = [(b"x-request-id", ctx.request_id.encode())]
+        if ctx.client_request_id is not None:
+            answer.append((b"x-client-request-id", ctx.client_request_id.encode()))
+        span = services.tracing.start(inbound.headers, ctx)
+        parsed: ParsedRequest | None = None
+        try:
+            if inbound.method != "POST":
+                raise MethodNotAllowed(
+                    f"method {inbound.method} is not allowed on {inbound.endpoint.path}; "
+                    "use POST", headers={"Allow": "POST"})
+            if services.draining():
+                raise ServerShuttingDown("the gateway is shutting down; retry on another replica")
+            # 1. authenticate
+            identity = await _authenticate(runtime, inbound, ctx)
+            # 2. parse and classify
+            body = await inbound.read_body(runtime.policy.server.max_body_bytes)
+            parsed = parse_request(body, inbound.endpoint)
+            if inbound.on_body_read is not None:
+                inbound.on_body_read(ctx)
+            model = _model(runtime, parsed)
+            ctx.request_model, ctx.stream = parsed.model, parsed.stream
+            ctx.request_class = _classify(runtime, inbound, identity, ctx, parsed)
+            await self._serve(runtime, inbound, identity, ctx, model, parsed, body, send,
+                              answer, span)
+        except GatewayError as exc:
+            if ctx.outcome == "pending":
+                ctx.outcome = "failed" if ctx.admitted else "rejected"
+            ctx.status, ctx.error = exc.status, exc.message
+            if not ctx.response_started:
+                await send_error(send, exc, answer)
+        except ClientGone:
+            ctx.outcome = "cancelled"
+        except asyncio.CancelledError:
+            if inbound.client_gone is None or not inbound.client_gone():
+                raise  # server shutdown past the drain timeout: let it cancel
+            ctx.outcome = "cancelled"
+        except Exception:  # a bug: answer a plain 500, never a traceback to the client
+            _log.exception("unexpected error in request %s", ctx.request_id)
+            ctx.outcome, ctx.status = "failed", 500
+            if not ctx.response_started:
+                await send_error(send, InternalError("internal gateway error"), answer)
+        finally:
+            self._finish(runtime, ctx, parsed, span)
+
+    async def _serve(
+        self,
+        runtime: Runtime,
+        inbound: Inbound,
+        identity: Identity | None,
+        ctx: RequestContext,
+        model: Model,
+        parsed: ParsedRequest,
+        raw: bytes,
+        send: Send,
+        answer: RawHeaders,
+        span: RequestSpan,
+    ) -> None:
+        """Admit, route, shadow, forward and relay, meter; settle on every path."""
+        size = len(raw)
+        services = self.services
+        endpoint = inbound.endpoint
+        counter = services.counter(model.encoding)
+        price = runtime.prices.lookup(model.name, ctx.tenant)
+        # 3. admit: every limit checked and reserved in one round trip
+        admitted: Admitted | None = None
+        scopes = runtime.scopes(ctx.tenant, ctx.key_id, identity.limits if identity else None,
+                                model.name)
+        if scopes:
+            admitted = await admit(
+                services.quota, ctx, scopes, model=model.name, output=_output(model, parsed),
+                counter=counter, operation=endpoint.operation, payload=parsed.payload,
+                size=size, price=price, on_refused=services.metrics.quota_rejected)
+            answer += admitted.headers
+        ctx.admitted = True  # from here on the request leaves exactly one usage record
+        forwarded: Forwarded | None = None
+        try:
+            # 4. route
+            router = runtime.router
+            route = router.route_request(model, ctx.request_class or "", ctx.key_id,
+                                         parsed.payload, _header(inbound, SESSION_HEADER))
+            ctx.version, ctx.upstream_model = route.version, route.upstream_model
+            body, scanner, renamer = _upstream_body(parsed, raw, route.upstream_model)
+            headers = span.propagate(outbound_headers(inbound.headers, ctx))
+            # 5. shadow (admitted requests only: a 429 is never mirrored)
+            if model.shadow is not None:
+                services.mirror.start(router, model.shadow, endpoint.path, parsed.payload,
+                                      headers)
+            # 6. forward (retries before the first byte) and relay
+            answer.append((b"x-gateway-class", (ctx.request_class or "").encode()))
+            forwarded = await forward(router, services.upstream, route, ctx, endpoint.path,
+                                      body, headers, runtime.timeouts[ctx.request_class or ""],
+                                      span, services.metrics)
+            answer.append((b"x-gateway-pool", forwarded.pool.name.encode()))
+            if renamer is not None and forwarded.body is not None:
+                forwarded.body = renamer.whole(forwarded.body)
+            try:
+                await relay_response(forwarded, ctx, send, answer, scanner)
+            finally:
+                release(forwarded, ctx)
+                # 7. meter
+                ctx.usage = await meter(
+                    counter, endpoint.operation, parsed.payload, size,
+                    admitted.split if admitted is not None else None,
+                    body=forwarded.body, scanner=scanner, price=price,
+                    batch=ctx.request_class == "batch")
+        finally:
+            if admitted is not None:  # settled in the background: the answer is complete
+                services.settle_later(admitted.admission.settle(*_actual(ctx.usage)))
+
+    def _finish(self, runtime: Runtime, ctx: RequestContext, parsed: ParsedRequest | None,
+                span: RequestSpan) -> None:
+        """The request's telemetry and, if it was admitted, its one usage record."""
+        if ctx.finished_ns is None:
+            ctx.finished_ns = time.perf_counter_ns()
+        tenant = runtime.tenants.get(ctx.tenant or "")
+        span.end(ctx, payload=parsed.payload if parsed is not None else None,
+                 record_content=tenant.record_content if tenant else False)
+        services = self.services
+        services.finished(ctx, span)  # metrics and access line, in batches
+        # 8. record
+        if ctx.admitted:
+            services.ledger.write_nowait(make_record(
+                ctx, ctx.usage, tenant=ctx.tenant or "default", batch_id=ctx.batch_id,
+                currency=runtime.prices.currency))
+
+    async def run_line(self, inbound: Inbound) -> LineResult:
+        """A batch line, exactly like a live request of its key: quotas, routing, retries,
+        accounting and the usage record all apply; the answer is collected whole."""
+        status = 0
+        chunks: list[bytes] = []
+
+        async def collect(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        await self.run(inbound, collect)
+        return LineResult(status, b"".join(chunks))
+
+
+# --- the steps' small pieces ------------------------------------------------------------------
+def _context(inbound: Inbound) -> RequestContext:
+    """A request's context under the gateway's own id (a batch line brings one the gateway
+    made); the client's id is kept for correlation only."""
+    if inbound.request_id is not None:
+        ctx = RequestContext(inbound.request_id, inbound.endpoint.path)
+        ctx.batch_id, ctx.request_class = inbound.batch_id, inbound.request_class
+        return ctx
+    ctx = RequestContext(new_request_id(), inbound.endpoint.path)
+    ctx.client_request_id = client_request_id(inbound.headers)
+    return ctx
+
+
+def _header(inbound: Inbound, name: bytes) -> bytes | None:
+    for key, value in inbound.headers:
+        if key == name:
+            return value
+    return None
+
+
+async def _authenticate(runtime: Runtime, inbound: Inbound, ctx: RequestContext
+                        ) -> Identity | None:
+    identity = inbound.identity  # a batch line: authenticated when the batch was created
+    if identity is None:
+        identity = await runtime.resolver.authenticate(_header(inbound, b"authorization"))
+    if identity is None:  # keys are not required by this policy
+        ctx.tenant = "anonymous"
+        return None
+    ctx.key_id, ctx.tenant = identity.key_id, identity.tenant
+    return identity
+
+
+def _model(runtime: Runtime, parsed: ParsedRequest) -> Model:
+    model = runtime.models.get(parsed.model)
+    if model is None:
+        raise ModelNotFound(
+            f"The model '{clip(parsed.model)}' does not exist or you do not have access to it.",
+            param="model")
+    return model
+
+
+def _classify(runtime: Runtime, inbound: Inbound, identity: Identity | None,
+              ctx: RequestContext, parsed: ParsedRequest) -> str:
+    if ctx.request_class is not None:  # a batch line
+        return ctx.request_class
+    header = _header(inbound, b"x-request-class")
+    tenant = runtime.tenants.get(ctx.tenant or "")
+    try:
+        return resolve_class(
+            runtime.policy.routing, runtime.router.classes,
+            header.decode("latin-1") if header else None,
+            identity is not None and identity.allow_class_header,
+            identity.default_class if identity else None,
+            tenant.default_class if tenant else None,
+            parsed.model, inbound.endpoint.path, parsed.payload, parsed.stream,
+        )
+    except UnknownClass as exc:
+        raise InvalidRequest(str(exc), param="x-request-class") from exc
+
+
+def _output(model: Model, parsed: ParsedRequest) -> int:
+    """The most output the request may produce: its limit, or the model's default."""
+    limit = parsed.payload.get("max_completion_tokens") or parsed.payload.get("max_tokens")
+    return limit if isinstance(limit, int) and limit >= 0 else model.default_max_tokens
+
+
+def _upstream_body(parsed: ParsedRequest, body: bytes, upstream_model: str
+                   ) -> tuple[bytes, StreamScanner | None, ModelRenamer | None]:
+    """The body for the backend (its model name; streams always ask for usage, which the
+    scanner strips if the client did not ask), the stream's scanner, and the renamer that
+    gives the answer back the public name."""
+    wants_usage = request_usage(parsed.payload, parsed.stream)
+    if upstream_model != parsed.model or not wants_usage:
+        parsed.payload["model"] = upstream_model
+        body = _encoder.encode(parsed.payload)
+    renamer = ModelRenamer(upstream_model, parsed.model) if upstream_model != parsed.model \
+        else None
+    scanner: StreamScanner | None = None
+    if parsed.stream:
+        scanner = (StreamScanner(strip_usage=not wants_usage) if renamer is None
+                   else RenamingScanner(renamer, strip_usage=not wants_usage))
+    return body, scanner, renamer
+
+
+def _actual(usage: TokenUsage | None) -> tuple[int | None, int]:
+    """What a settle charges: the real tokens and cost (None: never reached a backend)."""
+    if usage is None:
+        return None, 0
+    return usage.prompt_total + usage.output, usage.cost.total if usage.cost is not None else 0
