@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from litestar import Request, Response, get, post
 
-from gateway.http.asgi import get_header
-from gateway.request.parse import decode_object
 from gateway.auth.manage import KeyAdminError, create_key, parse_expiry, public_view
 from gateway.config import PolicyError
 from gateway.errors import AuthenticationFailed, InvalidRequest, RouteNotFound
+from gateway.http.asgi import get_header
+from gateway.request.parse import decode_object
 
 if TYPE_CHECKING:
+    from gateway.app.state import Gateway
     from gateway.auth.keystore import KeyStore
     from gateway.errors import GatewayError
-    from gateway.runtime import Gateway
     from gateway.types import Scope
 
 __all__ = ["ADMIN_PREFIX", "ADMIN_TOKEN_ENV", "admin_gate", "admin_handlers", "is_admin_path",

@@ -17,9 +17,9 @@ from gateway.pipeline import Inbound
 from gateway.request.parse import ENDPOINTS, decode_object
 
 if TYPE_CHECKING:
+    from gateway.app.state import Gateway
     from gateway.batch import Execute, LineCall
     from gateway.pipeline import Pipeline
-    from gateway.runtime import Gateway
 
 __all__ = ["batch_handlers", "line_executor"]
 

@@ -18,7 +18,7 @@ from gateway.batch import file_object
 from gateway.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from gateway.runtime import Gateway
+    from gateway.app.state import Gateway
 
 __all__ = ["file_handlers", "identify", "json_response"]
 

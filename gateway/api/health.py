@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
+    from gateway.app.state import Gateway
     from gateway.routing.backend import BackendState
-    from gateway.runtime import Gateway
 
 __all__ = ["Readiness"]
 

@@ -22,8 +22,8 @@ from litestar import Response, get
 from gateway.request.parse import ENDPOINTS, MAX_DEPTH
 
 if TYPE_CHECKING:
+    from gateway.app.state import Gateway
     from gateway.config import Policy
-    from gateway.runtime import Gateway
 
 __all__ = ["openapi_bytes", "openapi_document", "openapi_handlers"]
 

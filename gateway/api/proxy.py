@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from gateway.deadlines import wheel
 from gateway.http.asgi import read_body
 from gateway.pipeline import Inbound
+from gateway.timers.deadlines import wheel
 
 if TYPE_CHECKING:
     from gateway.context import RequestContext

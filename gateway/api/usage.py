@@ -19,8 +19,8 @@ from gateway.errors import AuthenticationFailed, InvalidRequest
 from gateway.ledger import GROUP_DIMENSIONS, stream_csv, stream_jsonl
 
 if TYPE_CHECKING:
+    from gateway.app.state import Gateway
     from gateway.ledger import UsageRow
-    from gateway.runtime import Gateway
 
 __all__ = ["usage_handlers"]
 

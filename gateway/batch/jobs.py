@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.request.parse import ENDPOINTS
 from gateway.batch.errors import BatchNotCancellable, ObjectNotFound
 from gateway.batch.files import FileStore, LocalFileStore
 from gateway.batch.objects import (
@@ -22,6 +21,7 @@ from gateway.batch.redis import RedisBatchState
 from gateway.batch.sqlite import SqliteBatchState
 from gateway.batch.validate import Limits, validate_file
 from gateway.errors import InvalidRequest
+from gateway.request.parse import ENDPOINTS
 
 if TYPE_CHECKING:
     from collections.abc import Collection

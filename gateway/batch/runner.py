@@ -46,10 +46,10 @@ from gateway.batch.validate import iter_lines, parse_line
 from gateway.errors import InvalidRequest
 
 if TYPE_CHECKING:
+    from gateway.app.state import Gateway, Runtime
     from gateway.batch.jobs import BatchJobs
     from gateway.config.model import Batch as BatchSettings
     from gateway.routing.pool import PoolState
-    from gateway.runtime import Gateway, Runtime
 
 __all__ = ["BatchRunner", "Execute", "LineAnswer", "LineCall"]
 

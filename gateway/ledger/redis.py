@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from gateway.backoff import Backoff
 from gateway.ledger.aggregate import COUNTERS, counters_of, field_prefix
 from gateway.ledger.base import Ledger, LedgerSettings
 from gateway.ledger.errors import (
@@ -50,6 +49,7 @@ from gateway.ledger.spool import Spool
 from gateway.redis.client import Timeouts, open_redis
 from gateway.redis.encoding import BULK, array_head, bulk
 from gateway.redis.errors import FAILURES, ErrorMap, is_no_script, is_outage
+from gateway.timers.backoff import Backoff
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping

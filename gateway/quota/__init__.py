@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-from gateway.backoff import Backoff
 from gateway.quota.base import (
     DEFAULT_LEASE_TTL,
     WINDOW,
@@ -30,6 +29,7 @@ from gateway.quota.failover import FailoverMode, FailoverQuotaStore
 from gateway.quota.limits import LIMIT_NAMES, LimitName, Limits, Scope, build_scopes
 from gateway.quota.memory import MemoryQuotaStore
 from gateway.quota.redis import RedisQuotaStore
+from gateway.timers.backoff import Backoff
 
 __all__ = [
     "DEFAULT_LEASE_TTL",

@@ -8,8 +8,8 @@ it with ``gateway.redis.open_redis``); every command goes to it in RESP, its fix
 once (``_Parts``). All keys of a call share the tenant's hash tag, so they live in one slot.
 
 Failure handling: every call is bounded by ``deadline`` (with redis-py's own retries switched
-off by the factory), and after a failure the store backs off (``backoff.py``) and raises
-``QuotaBackingOff`` at once instead of waiting on a dead server. Every Redis failure leaves as
+off by the factory), and after a failure the store backs off (``gateway.timers.backoff``)
+and raises ``QuotaBackingOff`` at once instead of waiting on a dead server. Every Redis failure leaves as
 a ``QuotaError`` (``map_redis_error``, the shared mapping of ``gateway/redis/errors.py``).
 """
 
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from gateway.backoff import Backoff
 from gateway.quota.base import (
     WINDOW,
     Decision,
@@ -44,6 +43,7 @@ from gateway.quota.scripts import RENEW, RESERVE, SETTLE, USAGE
 from gateway.redis.client import Timeouts, open_redis
 from gateway.redis.encoding import BULK, array_head, bulk, encode_command
 from gateway.redis.errors import FAILURES, ErrorMap, is_no_script, is_outage
+from gateway.timers.backoff import Backoff
 
 if TYPE_CHECKING:
     from gateway.quota.base import QuotaRequest

@@ -40,8 +40,8 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.deadlines import wheel
 from gateway.redis.encoding import encode_command
+from gateway.timers.deadlines import wheel
 
 __all__ = ["LAZY_FLUSH_S", "PipelinedRedis", "supports_url"]
 

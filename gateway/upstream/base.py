@@ -1,7 +1,7 @@
 """The interface every upstream client implements (the swappable bottom layer).
 
-Two implementations: :mod:`gateway.upstream.h1` (the default, a lean HTTP/1.1 client) and
-:mod:`gateway.upstream.aiohttp_client`. Both raise only :mod:`gateway.upstream.errors`.
+Two implementations: :mod:`gateway.http.client` (the default, a lean HTTP/1.1 client) and
+:mod:`gateway.http.aiohttp_client`. Both raise only :mod:`gateway.http.errors`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = [
 class ResponseLimits:
     """Caps on what a backend may send, so one bad backend cannot exhaust a worker's memory.
 
-    Over a cap, a response is :class:`~gateway.upstream.errors.UpstreamResponseTooLarge` and its
+    Over a cap, a response is :class:`~gateway.http.errors.UpstreamResponseTooLarge` and its
     connection is closed. Streams (``chunks()``) are not capped in size: they are bounded by the
     idle and total timeouts instead.
     """
@@ -99,9 +99,9 @@ def make_upstream(
 ) -> UpstreamClient:
     """The client named by ``server.upstream_client``."""
     if kind == "aiohttp":
-        from gateway.upstream.aiohttp_client import AiohttpUpstream
+        from gateway.http.aiohttp_client import AiohttpUpstream
 
         return AiohttpUpstream(timeouts, keepalive_per_backend, limits)
-    from gateway.upstream.h1 import H1Upstream
+    from gateway.http.client import H1Upstream
 
     return H1Upstream(timeouts, keepalive_per_backend, limits)

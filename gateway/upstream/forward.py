@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.errors import BackendFailure, GatewayError, NoBackendAvailable, RateLimited
+from gateway.http.errors import UpstreamError
 from gateway.routing.errors import NoHealthyBackend, PoolCoolingDown, PoolSaturated
 from gateway.routing.retry import RETRYABLE_STATUS, backoff
 from gateway.telemetry.redact import Redactor
 from gateway.telemetry.spans import NOOP_SPAN
-from gateway.upstream.errors import UpstreamError
 from gateway.upstream.translate import as_gateway_error
 
 if TYPE_CHECKING:

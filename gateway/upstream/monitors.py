@@ -14,7 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from gateway.upstream.errors import UpstreamError
+from gateway.http.errors import UpstreamError
 
 if TYPE_CHECKING:
     from gateway.routing.backend import BackendState

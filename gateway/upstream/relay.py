@@ -27,9 +27,9 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.deadlines import wheel
 from gateway.errors import BackendFailure, error_body
-from gateway.upstream.errors import UpstreamError
+from gateway.http.errors import UpstreamError
+from gateway.timers.deadlines import wheel
 from gateway.upstream.forward import log_error_body, scrub
 from gateway.upstream.translate import as_gateway_error
 

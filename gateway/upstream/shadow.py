@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from gateway.http.errors import UpstreamError
 from gateway.routing.rollout import ShadowStats, should_shadow
-from gateway.upstream.errors import UpstreamError
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -9,9 +9,9 @@ second guard should a backend label or a detail ever hold a key shape.
 from __future__ import annotations
 
 from gateway.errors import BackendFailure, GatewayError, UpstreamTimeout
+from gateway.http.errors import UpstreamError
+from gateway.http.errors import UpstreamTimeout as _UpstreamTimeout
 from gateway.telemetry.redact import Redactor
-from gateway.upstream.errors import UpstreamError
-from gateway.upstream.errors import UpstreamTimeout as _UpstreamTimeout
 
 __all__ = ["as_gateway_error", "public_message"]
 

@@ -26,13 +26,13 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
+from gateway.app.state import Gateway
 from gateway.auth.resolver import Identity
 from gateway.batch.files import LocalFileStore
 from gateway.batch.jobs import BatchJobs
 from gateway.batch.redis import RedisBatchState
 from gateway.batch.runner import BatchRunner, LineAnswer, LineCall
 from gateway.config.load import parse_policy
-from gateway.runtime import Gateway
 from tests.batch.common import MODEL, batch_policy, jsonl
 from tests.quota.servers import RedisProc
 

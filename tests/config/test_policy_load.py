@@ -139,7 +139,7 @@ def test_shipped_policies_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_demo_policy_file_matches_embedded_demo() -> None:
     """`gateway demo` and policies/demo.yaml describe the same pools and models."""
-    from gateway.demo import demo_policy
+    from gateway.cli.demo import demo_policy
 
     embedded = demo_policy("http://a", "http://b", "0" * 64)
     shipped = yaml.safe_load((REPO / "policies" / "demo.yaml").read_text())

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.quota.ratelimit import format_duration, ratelimit_headers
 from gateway.quota.base import RateLimitState
+from gateway.quota.ratelimit import format_duration, ratelimit_headers
 
 
 def test_durations() -> None:

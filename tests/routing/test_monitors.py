@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from gateway.config import Backend, Health, Pool, Signals, Timeouts
+from gateway.http.client import H1Upstream
 from gateway.routing.pool import PoolState
 from gateway.sim.server import SimServer
-from gateway.upstream.h1 import H1Upstream
 from gateway.upstream.monitors import Monitors, parse_engine_metrics
 
 

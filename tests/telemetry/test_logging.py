@@ -93,7 +93,7 @@ def test_access_off(out: io.BytesIO) -> None:
 def test_events_and_stdlib_records_are_json(out: io.BytesIO) -> None:
     """structlog events and stdlib records (with args, exceptions) both come out as JSON."""
     make(out)
-    get_logger("gateway.runtime").info("policy_reloaded", version=3)
+    get_logger("gateway.app.state").info("policy_reloaded", version=3)
     logging.getLogger("uvicorn.error").warning("worker %s started", 42)
     try:
         raise RuntimeError("boom")
@@ -101,7 +101,7 @@ def test_events_and_stdlib_records_are_json(out: io.BytesIO) -> None:
         logging.getLogger("gateway.proxy").exception("unexpected error in request %s", "r1")
     get_logger().debug("hidden")  # below the configured level
     reload, started, failed = lines(out)
-    assert reload == {"event": "policy_reloaded", "version": 3, "logger": "gateway.runtime",
+    assert reload == {"event": "policy_reloaded", "version": 3, "logger": "gateway.app.state",
                       "level": "info", "timestamp": reload["timestamp"]}
     assert (started["event"], started["logger"], started["level"]) == (
         "worker 42 started", "uvicorn.error", "warning")

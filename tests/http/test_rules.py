@@ -9,15 +9,15 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.config import Timeouts
-from gateway.upstream.base import ResponseLimits, UpstreamClient, make_upstream
-from gateway.upstream.errors import (
+from gateway.http.client import H1Upstream
+from gateway.http.errors import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamResponseTooLarge,
 )
-from gateway.upstream.h1 import H1Upstream
+from gateway.upstream.base import ResponseLimits, UpstreamClient, make_upstream
 from gateway.upstream.translate import as_gateway_error
-from tests.upstream.hostile import HostileBackend, Script, read_request
+from tests.http.hostile import HostileBackend, Script, read_request
 
 TIMEOUTS = Timeouts(connect=5, first_token=5, idle=2, total=10)
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"

@@ -10,7 +10,7 @@ __all__ = ["build_parser", "main"]
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from gateway.config import PolicyError
-    from gateway.server import serve
+    from gateway.http.uvicorn import serve
 
     try:
         serve(args.config, args.host, args.port, args.workers)
@@ -55,7 +55,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from gateway.demo import run_demo
+    from gateway.cli.demo import run_demo
 
     return run_demo(args.host, args.port)
 
@@ -109,10 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(sim)
     sim.set_defaults(func=_cmd_sim)
 
-    from gateway.cli_keys import add_keys_parser
+    from gateway.cli.keys import add_keys_parser
 
     add_keys_parser(sub)
-    from gateway.cli_usage import add_usage_parser
+    from gateway.cli.usage import add_usage_parser
 
     add_usage_parser(sub)
 

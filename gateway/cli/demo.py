@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from gateway.app import create_app
+from gateway.app.factory import create_app
 from gateway.auth import new_api_key
 from gateway.config import parse_policy, validate
-from gateway.server import uvicorn_options
+from gateway.http.uvicorn import uvicorn_options
 
 if TYPE_CHECKING:
     from types import FrameType

@@ -28,6 +28,7 @@ from gateway.api.models import ModelsHandler
 from gateway.api.openapi import openapi_handlers
 from gateway.api.proxy import ProxyHandler
 from gateway.api.usage import usage_handlers
+from gateway.app.state import METRICS_TOKEN_ENV, Gateway
 from gateway.batch import BatchRunner
 from gateway.config import PolicyError, load_policy
 from gateway.context import new_request_id
@@ -40,7 +41,6 @@ from gateway.errors import (
 )
 from gateway.http.asgi import send_error
 from gateway.request.parse import ENDPOINTS
-from gateway.runtime import METRICS_TOKEN_ENV, Gateway
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway.accounting import PriceTable, PromptCounter
+from gateway.app.workers import Siblings, workers_dir
 from gateway.auth import StaticKeys
 from gateway.auth.keystore import KeyStore
 from gateway.auth.manage import open_keystore
@@ -40,7 +41,6 @@ from gateway.telemetry import (
 from gateway.upstream.base import make_upstream
 from gateway.upstream.monitors import Monitors
 from gateway.upstream.shadow import Mirror
-from gateway.workers import Siblings, workers_dir
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["METRICS_TOKEN_ENV", "Gateway", "Runtime"]
 
-_log = logging.getLogger("gateway.runtime")
+_log = logging.getLogger("gateway.app.state")
 #: when set, ``/metrics`` needs ``Authorization: Bearer <it>`` and exports per-tenant series
 METRICS_TOKEN_ENV = "GATEWAY_METRICS_TOKEN"
 #: how long shutdown waits for quota settles still running (each is bounded by the store's own

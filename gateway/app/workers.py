@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["WORKERS_DIR_ENV", "Siblings", "workers_dir"]
 
 WORKERS_DIR_ENV = "GATEWAY_WORKERS_DIR"
-_log = logging.getLogger("gateway.workers")
+_log = logging.getLogger("gateway.app.workers")
 _MAX_DATAGRAM = 65_536
 
 

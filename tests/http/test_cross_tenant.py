@@ -8,7 +8,7 @@ are allowed (they are the backend's fault); wrong answers are not.
 
 Stray bytes travel with (or inside the segment of) the answer's end here. Stray bytes a backend
 sends *later* are caught when they arrive while the connection is idle, or by the poll before
-reuse (``tests/upstream/test_conformance.py``, injected-200-in-later-segment); bytes held back
+reuse (``tests/http/test_conformance.py``, injected-200-in-later-segment); bytes held back
 until the next request has been written are indistinguishable from an honest answer to it -
 the keep-alive ambiguity of HTTP/1.1 that every pooling client (Go's net/http, httpcore) shares.
 """
@@ -20,9 +20,9 @@ import random
 import re
 
 from gateway.config import Timeouts
+from gateway.http.errors import UpstreamError
 from gateway.upstream.base import UpstreamClient, make_upstream
-from gateway.upstream.errors import UpstreamError
-from tests.upstream.hostile import HostileBackend, Script
+from tests.http.hostile import HostileBackend, Script
 
 REQUESTS = 400
 CONCURRENCY = 24

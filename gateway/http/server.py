@@ -60,7 +60,7 @@ __all__ = [
     "error_response",
 ]
 
-log = logging.getLogger("gateway.server")
+log = logging.getLogger("gateway.http.uvicorn")
 
 #: request line + headers of one request; more gets 431 (uvicorn has no such bound)
 MAX_HEAD_BYTES = 64 * 1024
@@ -321,7 +321,7 @@ class GatewayH1Protocol(asyncio.Protocol):
     """uvicorn's HTTP protocol slot, filled by a leaner HTTP/1.1 implementation.
 
     ``limits`` (the policy's ``server.limits``) is bound with ``functools.partial`` by
-    :func:`gateway.server.uvicorn_options`; uvicorn passes the rest.
+    :func:`gateway.http.uvicorn.uvicorn_options`; uvicorn passes the rest.
     """
 
     def __init__(

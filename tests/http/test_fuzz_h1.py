@@ -5,7 +5,7 @@ framing (Content-Length, chunked with trailers, close-delimited), optionally aft
 responses and followed by stray bytes, sometimes mutated at one byte - and sends them through a
 real socket split at random points into TCP writes with small pauses, then closes. The native
 client's verdict (status and body, or error) must equal h11's on the same bytes
-(:func:`tests.upstream.hostile.reference`), with one normalisation, the client being stricter
+(:func:`tests.http.hostile.reference`), with one normalisation, the client being stricter
 than h11 on purpose, each allowed by the RFCs:
 
 * obs-fold is refused (RFC 9112 5.2 lets a gateway answer 502);
@@ -20,7 +20,7 @@ the reference sees removed.
 
 200 examples by default (well under a minute on a loaded box). For a longer run::
 
-    UPSTREAM_FUZZ_EXAMPLES=5000 .venv/bin/python -m pytest tests/upstream/test_fuzz_h1.py -q
+    UPSTREAM_FUZZ_EXAMPLES=5000 .venv/bin/python -m pytest tests/http/test_fuzz_h1.py -q
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.config import Timeouts
-from gateway.upstream.h1 import H1Upstream
-from tests.upstream.hostile import OBS_FOLD, HostileBackend, Script, client_verdict, reference
+from gateway.http.client import H1Upstream
+from tests.http.hostile import OBS_FOLD, HostileBackend, Script, client_verdict, reference
 
 EXAMPLES = int(os.environ.get("UPSTREAM_FUZZ_EXAMPLES", "200"))
 TOKEN = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-0123456789", min_size=1, max_size=12)

@@ -4,14 +4,14 @@ aiohttp was measured here at 6,000-12,000 requests/s on this hop where httpx 0.2
 (encode/httpx#3215), so it carries the hot path. The session is made once by the app's lifespan
 and closed by it; nothing here is created per request except the request itself.
 
-Its answers are held to the native client's rules (:mod:`gateway.upstream.h1`): interim 1xx
+Its answers are held to the native client's rules (:mod:`gateway.http.client`): interim 1xx
 responses are skipped (aiohttp does this itself) and 101 is a protocol error; a connection with
 bytes left after the response is closed, not reused (aiohttp's ``should_close``); the head and
 whole-body caps of :class:`~gateway.upstream.base.ResponseLimits` apply; aiohttp parses
 responses leniently, so header values holding CR, LF or NUL, which the native client and h11
 refuse, are refused here after the fact; a plain POST is not sent twice (aiohttp resends only
 idempotent methods). Every aiohttp exception is mapped in one place, :func:`_mapped`, to the
-same :mod:`gateway.upstream.errors` classes, with messages built from the exception's *type*,
+same :mod:`gateway.http.errors` classes, with messages built from the exception's *type*,
 never its ``str`` or ``repr`` (which carry the request, the backend's key included).
 """
 
@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
-from gateway.upstream.base import DEFAULT_LIMITS
-from gateway.upstream.errors import (
+from gateway.http.errors import (
     UpstreamConnectError,
     UpstreamConnectionLost,
     UpstreamConnectTimeout,
@@ -37,7 +36,8 @@ from gateway.upstream.errors import (
     UpstreamResponseTooLarge,
     UpstreamTotalTimeout,
 )
-from gateway.upstream.headers import response_headers
+from gateway.http.headers import response_headers
+from gateway.upstream.base import DEFAULT_LIMITS
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -11,7 +11,7 @@ setting flags nobody read, so the process neither exited nor answered SIGTERM or
 
 ``server.http_protocol: uvicorn`` runs uvicorn's httptools protocol with two additions
 (:class:`UvicornH1Protocol`): the raw head-byte cap of the native protocol
-(:class:`~gateway.h1server.HeadMeter`: one endless header line is refused at 68 KiB, not
+(:class:`~gateway.http.server.HeadMeter`: one endless header line is refused at 68 KiB, not
 buffered whole), and a response the app leaves unfinished aborts the connection instead of
 waiting, forever for a client that stopped reading, to flush the unsent rest.
 ``server.limits.max_connections`` is uvicorn's ``limit_concurrency`` there (503 per request);
@@ -32,10 +32,10 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.supervisors import Multiprocess
 
-from gateway.app import CONFIG_ENV
+from gateway.app.factory import CONFIG_ENV
 from gateway.config import load_policy
 from gateway.config.model import ClientLimits
-from gateway.h1server import GatewayH1Protocol, HeadMeter, HeadTooLarge, error_response
+from gateway.http.server import GatewayH1Protocol, HeadMeter, HeadTooLarge, error_response
 
 if TYPE_CHECKING:
     import asyncio
@@ -103,7 +103,7 @@ def uvicorn_options(
     limits: ClientLimits | None = None,
 ) -> dict[str, object]:
     """Server settings shared by ``serve`` and the demo; ``http_protocol`` is the policy's
-    ``server.http_protocol`` (``native``: :class:`~gateway.h1server.GatewayH1Protocol`),
+    ``server.http_protocol`` (``native``: :class:`~gateway.http.server.GatewayH1Protocol`),
     ``limits`` its ``server.limits``."""
     limits = limits or ClientLimits()
     native = http_protocol == "native"

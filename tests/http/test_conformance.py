@@ -1,7 +1,7 @@
 """Hostile-backend conformance: both upstream clients reach h11's verdict, and never pool a
 connection that saw a framing error.
 
-Each case is a scripted answer sent by a real socket server (:mod:`tests.upstream.hostile`).
+Each case is a scripted answer sent by a real socket server (:mod:`tests.http.hostile`).
 For each, the expected outcome class - a response (status, body), a protocol error, or an
 incomplete exchange (the client times out) - is computed by h11 over the same bytes, not written
 by hand. After each case a follow-up request must get its own answer, and must travel on a fresh
@@ -18,7 +18,7 @@ import pytest
 
 from gateway.config import Timeouts
 from gateway.upstream.base import UpstreamClient, make_upstream
-from tests.upstream.hostile import (
+from tests.http.hostile import (
     FOLLOW_UP,
     HostileBackend,
     Script,

@@ -18,8 +18,8 @@ import pytest
 import uvicorn
 
 from gateway.config.model import ClientLimits
-from gateway.h1server import MAX_RAW_HEAD_BYTES
-from gateway.server import uvicorn_options
+from gateway.http.server import MAX_RAW_HEAD_BYTES
+from gateway.http.uvicorn import uvicorn_options
 
 PATIENCE = 30.0  # seconds: generous bound for anything that should happen "soon"
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from gateway.api.admin import is_admin_path
-from gateway.app import create_app
+from gateway.app.factory import create_app
 from gateway.config import load_policy
 from tests.helpers import GatewayProcess, policy
 

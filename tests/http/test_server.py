@@ -19,8 +19,8 @@ import pytest
 import uvicorn
 
 from gateway.config.model import ClientLimits
-from gateway.h1server import MAX_HEAD_BYTES, GatewayH1Protocol
-from gateway.server import UvicornH1Protocol, uvicorn_options
+from gateway.http.server import MAX_HEAD_BYTES, GatewayH1Protocol
+from gateway.http.uvicorn import UvicornH1Protocol, uvicorn_options
 
 EVENTS: list[str] = []
 

@@ -19,9 +19,9 @@ def _ms(text: str) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from gateway.app.state import make_ledger
     from gateway.config import PolicyError, load_policy
     from gateway.ledger import stream_csv, stream_jsonl
-    from gateway.runtime import make_ledger
 
     try:
         policy = load_policy(args.config)

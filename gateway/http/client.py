@@ -60,9 +60,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from gateway.deadlines import wheel
-from gateway.upstream.base import DEFAULT_LIMITS
-from gateway.upstream.errors import (
+from gateway.http.errors import (
     UpstreamConnectError,
     UpstreamConnectionLost,
     UpstreamConnectTimeout,
@@ -72,7 +70,9 @@ from gateway.upstream.errors import (
     UpstreamResponseTooLarge,
     UpstreamTotalTimeout,
 )
-from gateway.upstream.headers import response_headers
+from gateway.http.headers import response_headers
+from gateway.timers.deadlines import wheel
+from gateway.upstream.base import DEFAULT_LIMITS
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
