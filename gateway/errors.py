@@ -24,7 +24,22 @@ from typing import ClassVar
 
 import msgspec
 
+#: characters of client-supplied text an error message or a log field quotes
+FIELD_LIMIT = 256
+
+
+def clip(text: str, limit: int = FIELD_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, marked with how many were cut.
+
+    Client-supplied text (an unknown model's name, an error echoing it) can be megabytes;
+    a log line or an error message keeps its start, and says it was cut.
+    """
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...[{len(text) - limit} more chars]"
+
 __all__ = [
+    "FIELD_LIMIT",
     "AuthenticationFailed",
     "BackendFailure",
     "BodyTooLarge",
@@ -39,6 +54,7 @@ __all__ = [
     "RouteNotFound",
     "ServerShuttingDown",
     "UpstreamTimeout",
+    "clip",
     "error_body",
 ]
 

@@ -49,13 +49,13 @@ from gateway.errors import (
     ServerShuttingDown,
 )
 from gateway.http.asgi import ClientGone, clip, send_error
-from gateway.http.headers import outbound_headers
 from gateway.ledger import make_record
 from gateway.quota.admit import Admitted, admit
 from gateway.request.parse import parse_request
 from gateway.routing.classes import UnknownClass, resolve_class
 from gateway.routing.conversation import SESSION_HEADER
 from gateway.upstream.forward import forward, release
+from gateway.upstream.outbound import outbound_headers
 from gateway.upstream.relay import relay_response
 from gateway.upstream.rename import ModelRenamer, RenamingScanner
 
@@ -63,15 +63,15 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
 
     from gateway.accounting import PromptCounter, TokenUsage
-    from gateway.app.state import Runtime
     from gateway.auth.resolver import Identity
     from gateway.config import Model
+    from gateway.http.base import UpstreamClient
     from gateway.ledger import Ledger
     from gateway.quota import QuotaStore
     from gateway.request.parse import Endpoint, ParsedRequest
+    from gateway.runtime import Runtime
     from gateway.telemetry import Metrics, RequestSpan, RequestTracing
     from gateway.types import Message, RawHeaders, Send
-    from gateway.upstream.base import UpstreamClient
     from gateway.upstream.forward import Forwarded
     from gateway.upstream.shadow import Mirror
 

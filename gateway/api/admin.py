@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from litestar import Request, Response, get, post
 
 from gateway.auth.manage import KeyAdminError, create_key, parse_expiry, public_view
-from gateway.config import PolicyError
 from gateway.errors import AuthenticationFailed, InvalidRequest, RouteNotFound
 from gateway.http.asgi import get_header
 from gateway.request.parse import decode_object
@@ -30,52 +29,12 @@ if TYPE_CHECKING:
     from gateway.types import Scope
 
 __all__ = ["ADMIN_PREFIX", "ADMIN_TOKEN_ENV", "admin_gate", "admin_handlers", "is_admin_path",
-           "reload_logged"]
+]
 
 ADMIN_TOKEN_ENV = "GATEWAY_ADMIN_TOKEN"
 ADMIN_PREFIX = "/admin"
 #: how long a reload waits for the other workers of this server to confirm theirs
-SIBLING_RELOAD_TIMEOUT = 10.0
 _log = logging.getLogger("gateway.admin")
-
-
-async def reload_logged(gateway: Gateway, trigger: str, *, propagate: bool = True
-                        ) -> dict[str, Any]:
-    """Reload the policy; log and return what happened (an invalid file keeps the old one).
-
-    With ``propagate`` (an admin call, SIGHUP), every other worker of this server reloads too
-    and the answer counts them: ``workers`` is how many processes now run the new policy,
-    ``unconfirmed`` the pids that did not say so in time, ``failed`` the ones that refused.
-    """
-    try:
-        runtime = await gateway.reload()
-    except PolicyError as exc:
-        _log.error("policy reload (%s) rejected, keeping the old policy: %s", trigger, exc)
-        return {"reloaded": False, "error": str(exc)}
-    except Exception as exc:
-        _log.error("policy reload (%s) failed, keeping the old policy: %s: %s", trigger,
-                   type(exc).__name__, exc)
-        return {"reloaded": False, "error": f"{type(exc).__name__}: {exc}"}
-    _log.info("policy reloaded by %s", trigger)
-    result: dict[str, Any] = {
-        "reloaded": True,
-        "workers": 1,
-        "pools": sorted(runtime.router.pools),
-        "models": sorted(runtime.models),
-        "reloads": gateway.reloads,
-    }
-    if propagate and gateway.siblings is not None:
-        replies = await gateway.siblings.broadcast("reload", SIBLING_RELOAD_TIMEOUT)
-        done = [pid for pid, r in replies.items() if r is not None and r.get("reloaded")]
-        failed = {str(pid): r.get("error", "refused") for pid, r in replies.items()
-                  if r is not None and not r.get("reloaded")}
-        unconfirmed = sorted(pid for pid, r in replies.items() if r is None)
-        result["workers"] = 1 + len(done)
-        if failed or unconfirmed:
-            result.update(reloaded=False, failed=failed, unconfirmed=unconfirmed)
-            _log.error("policy reload (%s): %d of %d workers reloaded; failed %s, no answer "
-                       "from %s", trigger, 1 + len(done), 1 + len(replies), failed, unconfirmed)
-    return result
 
 
 def is_admin_path(path: str) -> bool:
@@ -104,7 +63,7 @@ def admin_handlers(gateway: Gateway) -> list[Any]:
 
     @post("/admin/reload", status_code=200)
     async def reload() -> Response[dict[str, Any]]:
-        result = await reload_logged(gateway, "POST /admin/reload")
+        result = await gateway.reload_logged("POST /admin/reload")
         if result["reloaded"]:
             return Response(result, status_code=200)
         # an invalid policy: 422; a valid one some worker did not take: 503

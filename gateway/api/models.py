@@ -13,7 +13,8 @@ from gateway.errors import GatewayError, MethodNotAllowed, ModelNotFound
 from gateway.http.asgi import clip, get_header, send_error, send_json
 
 if TYPE_CHECKING:
-    from gateway.app.state import Gateway, Runtime
+    from gateway.app.state import Gateway
+    from gateway.runtime import Runtime
     from gateway.types import Receive, Scope, Send
 
 __all__ = ["ModelsHandler"]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
-from gateway.api.admin import admin_gate, admin_handlers, is_admin_path, reload_logged
+from gateway.api.admin import admin_gate, admin_handlers, is_admin_path
 from gateway.api.batches import batch_handlers, line_executor
 from gateway.api.files import file_handlers
 from gateway.api.health import Readiness
@@ -159,7 +159,7 @@ def _reload_on_sighup(gateway: Gateway) -> None:
     loop = asyncio.get_running_loop()
 
     def reload() -> None:
-        task = loop.create_task(reload_logged(gateway, "SIGHUP"))
+        task = loop.create_task(gateway.reload_logged("SIGHUP"))
         gateway.tasks.add(task)  # keep a reference until done
         task.add_done_callback(gateway.tasks.discard)
 

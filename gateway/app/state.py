@@ -16,21 +16,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
-from gateway.accounting import PriceTable, PromptCounter
+from gateway.accounting import PromptCounter
 from gateway.app.workers import Siblings, workers_dir
-from gateway.auth import StaticKeys
 from gateway.auth.keystore import KeyStore
 from gateway.auth.manage import open_keystore
-from gateway.auth.resolver import KeyResolver
 from gateway.batch import BatchRunner, make_batch_jobs
-from gateway.config import key_hashes, load_policy
+from gateway.config import PolicyError, load_policy
+from gateway.http.base import make_upstream
 from gateway.ledger import Ledger, LedgerSettings, MemoryLedger, RedisLedger
 from gateway.pipeline import Pipeline, Services
 from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, RedisQuotaStore
-from gateway.quota.admission import scopes_for
-from gateway.routing.router import Router
+from gateway.runtime import Runtime
 from gateway.telemetry import (
     FinishedRequests,
     LogSettings,
@@ -38,17 +34,15 @@ from gateway.telemetry import (
     RequestTracing,
     setup_logging,
 )
-from gateway.upstream.base import make_upstream
 from gateway.upstream.monitors import Monitors
 from gateway.upstream.shadow import Mirror
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
 
-    from gateway.config import ApiKey, Model, Plan, Policy, Store, Tenant
-    from gateway.quota import Scope
+    from gateway.config import Policy, Store
 
-__all__ = ["METRICS_TOKEN_ENV", "Gateway", "Runtime"]
+__all__ = ["METRICS_TOKEN_ENV", "SIBLING_RELOAD_TIMEOUT", "Gateway"]
 
 _log = logging.getLogger("gateway.app.state")
 #: when set, ``/metrics`` needs ``Authorization: Bearer <it>`` and exports per-tenant series
@@ -56,13 +50,8 @@ METRICS_TOKEN_ENV = "GATEWAY_METRICS_TOKEN"
 #: how long shutdown waits for quota settles still running (each is bounded by the store's own
 #: Redis timeout; this is the backstop)
 SETTLE_DRAIN_S = 5.0
-
-
-def _without_none(value: Any) -> Any:
-    """Unset optional fields are None in the policy model; the price table wants them absent."""
-    if isinstance(value, dict):
-        return {k: _without_none(v) for k, v in value.items() if v is not None}
-    return value
+#: how long a reload waits for each sibling worker to confirm
+SIBLING_RELOAD_TIMEOUT = 10.0
 
 
 def _secrets(policy: Policy) -> tuple[str, ...]:
@@ -99,50 +88,6 @@ def make_quota_store(store: Store) -> QuotaStore:
 
     return FailoverQuotaStore(primary, mode=store.outage, local_share=1 / store.processes,
                               on_change=on_change)
-
-
-class Runtime:
-    """Keys, models and router of one policy."""
-
-    def __init__(
-        self, policy: Policy, previous: Runtime | None = None, keystore: KeyStore | None = None
-    ) -> None:
-        self.policy = policy
-        self.keys = StaticKeys(key_hashes(policy), required=policy.auth.required)
-        self.key_configs: dict[str, ApiKey] = {k.id: k for k in policy.auth.keys}
-        secret = os.environ.get(policy.auth.key_secret_env)
-        self.resolver = KeyResolver(
-            self.keys, self.key_configs, keystore, secret.encode() if secret else None,
-            policy.auth.cache_ttl,
-        )
-        self.tenants: dict[str, Tenant] = {t.name: t for t in policy.tenants}
-        self.plans: dict[str, Plan] = {p.name: p for p in policy.plans}
-        self._scopes: dict[tuple[str | None, str | None, str], tuple[Scope, ...]] = {}
-        self.models: dict[str, Model] = {m.name: m for m in policy.models}
-        self.router: Router = Router(policy, previous.router if previous is not None else None)
-        self.timeouts = {
-            c.name: c.timeouts or policy.server.timeouts for c in policy.classes
-        }
-        self.prices = PriceTable.from_mapping(_without_none(msgspec.to_builtins(policy.prices)))
-
-    def scopes(
-        self, tenant: str | None, key_id: str | None, key_limits: dict[str, int] | None,
-        model: str,
-    ) -> tuple[Scope, ...]:
-        """The quota scopes of a (tenant, key, model), built once per policy and cached."""
-        cache_key = (tenant, key_id, model)
-        scopes = self._scopes.get(cache_key)
-        if scopes is None:
-            t = self.tenants.get(tenant or "")
-            plan = self.plans.get(t.plan) if t is not None else None
-            scopes = scopes_for(plan, key_id, key_limits, model)
-            if len(self._scopes) > 10_000:
-                self._scopes.clear()
-            self._scopes[cache_key] = scopes
-        return scopes
-
-    def __repr__(self) -> str:
-        return f"<Runtime [pools: {len(self.router.pools)} | models: {len(self.models)}]>"
 
 
 class Gateway:
@@ -231,21 +176,17 @@ class Gateway:
 
     async def _watch_policy(self, interval: float) -> None:
         """Reload when the policy file (or a file of the policy directory) changes."""
-        from gateway.api.admin import reload_logged
-
         seen = self._policy_mtime()
         while True:
             await asyncio.sleep(interval)
             mtime = self._policy_mtime()
             if mtime != seen:
                 seen = mtime
-                await reload_logged(self, "file change", propagate=False)  # each one watches
+                await self.reload_logged("file change", propagate=False)  # each one watches
 
     async def _reload_for_sibling(self) -> dict[str, Any]:
         """Another worker reloaded (admin call, SIGHUP): re-read the policy here too."""
-        from gateway.api.admin import reload_logged
-
-        return await reload_logged(self, "a sibling worker", propagate=False)
+        return await self.reload_logged("a sibling worker", propagate=False)
 
     async def _flush_for_sibling(self) -> dict[str, Any]:
         """Another worker is answering ``/metrics``: put what waits here into the shared
@@ -304,6 +245,43 @@ class Gateway:
                 self.metrics.set_redis_up(not degraded)
             self.metrics.flush()  # with several workers, /metrics reads what each flushed
             await asyncio.sleep(1.0)
+
+    async def reload_logged(self, trigger: str, *, propagate: bool = True) -> dict[str, Any]:
+        """Reload the policy; log and return what happened (an invalid file keeps the old one).
+
+        With ``propagate`` (an admin call, SIGHUP), every other worker of this server reloads too
+        and the answer counts them: ``workers`` is how many processes now run the new policy,
+        ``unconfirmed`` the pids that did not say so in time, ``failed`` the ones that refused.
+        """
+        try:
+            runtime = await self.reload()
+        except PolicyError as exc:
+            _log.error("policy reload (%s) rejected, keeping the old policy: %s", trigger, exc)
+            return {"reloaded": False, "error": str(exc)}
+        except Exception as exc:
+            _log.error("policy reload (%s) failed, keeping the old policy: %s: %s", trigger,
+                       type(exc).__name__, exc)
+            return {"reloaded": False, "error": f"{type(exc).__name__}: {exc}"}
+        _log.info("policy reloaded by %s", trigger)
+        result: dict[str, Any] = {
+            "reloaded": True,
+            "workers": 1,
+            "pools": sorted(runtime.router.pools),
+            "models": sorted(runtime.models),
+            "reloads": self.reloads,
+        }
+        if propagate and self.siblings is not None:
+            replies = await self.siblings.broadcast("reload", SIBLING_RELOAD_TIMEOUT)
+            done = [pid for pid, r in replies.items() if r is not None and r.get("reloaded")]
+            failed = {str(pid): r.get("error", "refused") for pid, r in replies.items()
+                      if r is not None and not r.get("reloaded")}
+            unconfirmed = sorted(pid for pid, r in replies.items() if r is None)
+            result["workers"] = 1 + len(done)
+            if failed or unconfirmed:
+                result.update(reloaded=False, failed=failed, unconfirmed=unconfirmed)
+                _log.error("policy reload (%s): %d of %d workers reloaded; failed %s, no answer "
+                           "from %s", trigger, 1 + len(done), 1 + len(replies), failed, unconfirmed)
+        return result
 
     async def reload(self, policy: Policy | None = None) -> Runtime:
         """Swap in a new policy (re-read from ``source`` when none is given).

@@ -36,7 +36,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.auth.resolver import Identity
 from gateway.batch.control import load_of, target_in_flight
@@ -46,10 +46,11 @@ from gateway.batch.validate import iter_lines, parse_line
 from gateway.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from gateway.app.state import Gateway, Runtime
     from gateway.batch.jobs import BatchJobs
     from gateway.config.model import Batch as BatchSettings
+    from gateway.ledger import Ledger
     from gateway.routing.pool import PoolState
+    from gateway.runtime import Runtime
 
 __all__ = ["BatchRunner", "Execute", "LineAnswer", "LineCall"]
 
@@ -121,10 +122,22 @@ class _Work:
         heapq.heapify(self.delayed)
 
 
+class Host(Protocol):
+    """What the runner reads of the process it runs in: the current policy snapshot, whether
+    it is shutting down, and its ledger (flushed before leases are released)."""
+
+    @property
+    def runtime(self) -> Runtime: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def ledger(self) -> Ledger: ...
+
+
 class BatchRunner:
     """Runs the lines of every active batch in this process; see the module docstring."""
 
-    def __init__(self, gateway: Gateway, jobs: BatchJobs, execute: Execute) -> None:
+    def __init__(self, gateway: Host, jobs: BatchJobs, execute: Execute) -> None:
         self.gateway = gateway
         self.jobs = jobs
         self.execute = execute

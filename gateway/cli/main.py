@@ -9,8 +9,8 @@ __all__ = ["build_parser", "main"]
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.cli.serve import serve
     from gateway.config import PolicyError
-    from gateway.http.uvicorn import serve
 
     try:
         serve(args.config, args.host, args.port, args.workers)

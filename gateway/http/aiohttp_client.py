@@ -7,7 +7,7 @@ and closed by it; nothing here is created per request except the request itself.
 Its answers are held to the native client's rules (:mod:`gateway.http.client`): interim 1xx
 responses are skipped (aiohttp does this itself) and 101 is a protocol error; a connection with
 bytes left after the response is closed, not reused (aiohttp's ``should_close``); the head and
-whole-body caps of :class:`~gateway.upstream.base.ResponseLimits` apply; aiohttp parses
+whole-body caps of :class:`~gateway.http.base.ResponseLimits` apply; aiohttp parses
 responses leniently, so header values holding CR, LF or NUL, which the native client and h11
 refuse, are refused here after the fact; a plain POST is not sent twice (aiohttp resends only
 idempotent methods). Every aiohttp exception is mapped in one place, :func:`_mapped`, to the
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
+from gateway.http.base import DEFAULT_LIMITS
 from gateway.http.errors import (
     UpstreamConnectError,
     UpstreamConnectionLost,
@@ -37,14 +38,13 @@ from gateway.http.errors import (
     UpstreamTotalTimeout,
 )
 from gateway.http.headers import response_headers
-from gateway.upstream.base import DEFAULT_LIMITS
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from gateway.config import Timeouts
+    from gateway.http.base import ResponseLimits
     from gateway.types import RawHeaders
-    from gateway.upstream.base import ResponseLimits
 
 __all__ = ["AiohttpResponse", "AiohttpUpstream"]
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway.errors import BodyTooLarge, GatewayError, InvalidRequest
-from gateway.telemetry.logging import clip
+from gateway.errors import BodyTooLarge, GatewayError, InvalidRequest, clip
 
 if TYPE_CHECKING:
     from gateway.types import RawHeaders, Receive, Scope, Send

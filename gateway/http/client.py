@@ -31,7 +31,7 @@ It is held by construction, not by special cases:
   Content-Length with Transfer-Encoding are all refused (its only leniency switch for bare LF
   also accepts it after chunk data, a framing desync; h11 and aiohttp accept a bare LF
   line end, RFC 9112 2.2 allows refusing it);
-* caps (:class:`~gateway.upstream.base.ResponseLimits`) bound the head while it is still
+* caps (:class:`~gateway.http.base.ResponseLimits`) bound the head while it is still
   arriving and a body read whole; over a cap the exchange fails and the connection closes.
 
 Re-sending after a failure on a reused connection. Before reusing an idle connection, a
@@ -60,6 +60,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from gateway.http.base import DEFAULT_LIMITS
 from gateway.http.errors import (
     UpstreamConnectError,
     UpstreamConnectionLost,
@@ -72,14 +73,13 @@ from gateway.http.errors import (
 )
 from gateway.http.headers import response_headers
 from gateway.timers.deadlines import wheel
-from gateway.upstream.base import DEFAULT_LIMITS
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from gateway.config import Timeouts
+    from gateway.http.base import ResponseLimits
     from gateway.types import RawHeaders
-    from gateway.upstream.base import ResponseLimits
 
 __all__ = ["H1Response", "H1Upstream"]
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.context import RequestContext
     from gateway.types import RawHeaders
 
-__all__ = ["outbound_headers", "request_headers", "response_headers"]
+__all__ = ["request_headers", "response_headers"]
 
 HOP_BY_HOP = frozenset(
     {
@@ -79,17 +78,3 @@ def response_headers(upstream_headers: RawHeaders) -> RawHeaders:
         for k, v in upstream_headers
         if k.lower() not in _RESPONSE_DROP and k.lower() not in extra
     ]
-
-
-def outbound_headers(client: RawHeaders, ctx: RequestContext) -> RawHeaders:
-    """What the backend gets: the client's end-to-end headers, the body's type, no
-    compression, the gateway's request id and, beside it, the client's own (validated)."""
-    headers = request_headers(client)
-    headers += (
-        (b"content-type", b"application/json"),
-        (b"accept-encoding", b"identity"),
-        (b"x-request-id", ctx.request_id.encode()),
-    )
-    if ctx.client_request_id is not None:
-        headers.append((b"x-client-request-id", ctx.client_request_id.encode()))
-    return headers

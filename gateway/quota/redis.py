@@ -9,8 +9,8 @@ once (``_Parts``). All keys of a call share the tenant's hash tag, so they live 
 
 Failure handling: every call is bounded by ``deadline`` (with redis-py's own retries switched
 off by the factory), and after a failure the store backs off (``gateway.timers.backoff``)
-and raises ``QuotaBackingOff`` at once instead of waiting on a dead server. Every Redis failure leaves as
-a ``QuotaError`` (``map_redis_error``, the shared mapping of ``gateway/redis/errors.py``).
+and raises ``QuotaBackingOff`` at once instead of waiting on a dead server. Every Redis failure
+leaves as a ``QuotaError`` (``map_redis_error``, the shared mapping of ``gateway/redis/errors.py``).
 """
 
 from __future__ import annotations

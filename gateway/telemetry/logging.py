@@ -31,6 +31,7 @@ from typing import IO, TYPE_CHECKING, Any
 import msgspec
 import structlog
 
+from gateway.errors import FIELD_LIMIT, clip
 from gateway.telemetry.redact import Redactor
 from gateway.telemetry.writer import LineWriter
 
@@ -45,19 +46,6 @@ if TYPE_CHECKING:
 __all__ = ["FIELD_LIMIT", "AccessLog", "LogSettings", "clip", "get_logger", "setup_logging"]
 
 #: the most characters of client-supplied free text an access line keeps per field
-FIELD_LIMIT = 256
-
-
-def clip(text: str, limit: int = FIELD_LIMIT) -> str:
-    """``text`` cut to ``limit`` characters, marked with how many were cut.
-
-    Client-supplied text (an unknown model's name, an error echoing it) can be megabytes;
-    a log line or an error message keeps its start, and says it was cut.
-    """
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}...[{len(text) - limit} more chars]"
-
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR, "critical": logging.CRITICAL}
 #: loggers that bring their own handlers; made to propagate to our root handler instead

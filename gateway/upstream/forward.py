@@ -38,12 +38,12 @@ from gateway.upstream.translate import as_gateway_error
 if TYPE_CHECKING:
     from gateway.config import Health, Timeouts
     from gateway.context import RequestContext
+    from gateway.http.base import UpstreamClient, UpstreamResponse
     from gateway.routing.backend import BackendState
     from gateway.routing.pool import PoolState
     from gateway.routing.router import Route, Router
     from gateway.telemetry import Metrics, RequestSpan
     from gateway.types import RawHeaders
-    from gateway.upstream.base import UpstreamClient, UpstreamResponse
 
 __all__ = ["Forwarded", "forward", "parse_retry_after"]
 

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 from gateway.http.errors import UpstreamError
 
 if TYPE_CHECKING:
+    from gateway.http.base import UpstreamClient
     from gateway.routing.backend import BackendState
     from gateway.routing.pool import PoolState
-    from gateway.upstream.base import UpstreamClient
 
 __all__ = ["Monitors", "parse_engine_metrics"]
 

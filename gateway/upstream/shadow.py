@@ -20,11 +20,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gateway.config import Shadow
+    from gateway.http.base import UpstreamClient
     from gateway.routing.backend import BackendState
     from gateway.routing.router import Router
     from gateway.telemetry import Metrics
     from gateway.types import RawHeaders
-    from gateway.upstream.base import UpstreamClient
 
 __all__ = ["Mirror"]
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import h11
 
+from gateway.http.base import DEFAULT_LIMITS
 from gateway.http.errors import UpstreamProtocolError, UpstreamTimeout
-from gateway.upstream.base import DEFAULT_LIMITS
 from tests.helpers import free_port
 
 __all__ = [

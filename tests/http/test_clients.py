@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from gateway.config import Timeouts
+from gateway.http.base import UpstreamClient, make_upstream
 from gateway.http.errors import (
     UpstreamConnectError,
     UpstreamFirstByteTimeout,
     UpstreamIdleTimeout,
     UpstreamProtocolError,
 )
-from gateway.upstream.base import UpstreamClient, make_upstream
 from tests.helpers import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

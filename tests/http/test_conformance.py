@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.config import Timeouts
-from gateway.upstream.base import UpstreamClient, make_upstream
+from gateway.http.base import UpstreamClient, make_upstream
 from tests.http.hostile import (
     FOLLOW_UP,
     HostileBackend,

@@ -20,8 +20,8 @@ import random
 import re
 
 from gateway.config import Timeouts
+from gateway.http.base import UpstreamClient, make_upstream
 from gateway.http.errors import UpstreamError
-from gateway.upstream.base import UpstreamClient, make_upstream
 from tests.http.hostile import HostileBackend, Script
 
 REQUESTS = 400

@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.config import Timeouts
+from gateway.http.base import ResponseLimits, UpstreamClient, make_upstream
 from gateway.http.client import H1Upstream
 from gateway.http.errors import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamResponseTooLarge,
 )
-from gateway.upstream.base import ResponseLimits, UpstreamClient, make_upstream
 from gateway.upstream.translate import as_gateway_error
 from tests.http.hostile import HostileBackend, Script, read_request
 

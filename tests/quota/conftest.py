@@ -42,7 +42,8 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
             store = MemoryQuotaStore(**kwargs)
         else:  # generous timeout: the test box is shared
             store = RedisQuotaStore.from_url(url, cluster=kind == "cluster", timeout=30.0,
-                                             pipelined=kind == "redis", **kwargs)
+                                             pipelined=kind == "redis",
+                                             **{"connect_timeout": 30.0, **kwargs})
         made.append(store)
         return store
 

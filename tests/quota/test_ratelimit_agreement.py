@@ -102,5 +102,6 @@ def test_memory_and_redis_report_the_same_figures(redis_kind: tuple[str, str],
                                                   ops: list[Op]) -> None:
     kind, url = redis_kind  # a generous call bound: the box is shared; results, not speed
     redis = RedisQuotaStore.from_url(url, cluster=kind == "cluster", timeout=30.0,
+                                     connect_timeout=30.0,
                                      pipelined=kind == "redis")
     asyncio.run(play((MemoryQuotaStore(), redis), ops))

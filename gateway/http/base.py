@@ -1,4 +1,5 @@
-"""The interface every upstream client implements (the swappable bottom layer).
+"""The interface every upstream client implements (the swappable bottom layer), its caps
+and the factory that picks one.
 
 Two implementations: :mod:`gateway.http.client` (the default, a lean HTTP/1.1 client) and
 :mod:`gateway.http.aiohttp_client`. Both raise only :mod:`gateway.http.errors`.

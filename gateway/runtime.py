@@ -1,0 +1,79 @@
+"""One policy's state: keys, tenants and plans, models, the router, timeouts, prices.
+
+A reload builds a new :class:`Runtime` and swaps it in one assignment; a request reads the
+current one once when it starts and keeps that snapshot, so in-flight requests finish under the
+policy they started with. Backend state (load, health, latency) carries over to the new router
+for backends that stay.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from gateway.accounting import PriceTable
+from gateway.auth import StaticKeys
+from gateway.auth.resolver import KeyResolver
+from gateway.config import key_hashes
+from gateway.quota.admission import scopes_for
+from gateway.routing.router import Router
+
+if TYPE_CHECKING:
+    from gateway.auth.keystore import KeyStore
+    from gateway.config import ApiKey, Model, Plan, Policy, Tenant
+    from gateway.quota import Scope
+
+__all__ = ["Runtime"]
+
+
+def _without_none(value: Any) -> Any:
+    """Unset optional fields are None in the policy model; the price table wants them absent."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    return value
+
+
+class Runtime:
+    """Keys, models and router of one policy."""
+
+    def __init__(
+        self, policy: Policy, previous: Runtime | None = None, keystore: KeyStore | None = None
+    ) -> None:
+        self.policy = policy
+        self.keys = StaticKeys(key_hashes(policy), required=policy.auth.required)
+        self.key_configs: dict[str, ApiKey] = {k.id: k for k in policy.auth.keys}
+        secret = os.environ.get(policy.auth.key_secret_env)
+        self.resolver = KeyResolver(
+            self.keys, self.key_configs, keystore, secret.encode() if secret else None,
+            policy.auth.cache_ttl,
+        )
+        self.tenants: dict[str, Tenant] = {t.name: t for t in policy.tenants}
+        self.plans: dict[str, Plan] = {p.name: p for p in policy.plans}
+        self._scopes: dict[tuple[str | None, str | None, str], tuple[Scope, ...]] = {}
+        self.models: dict[str, Model] = {m.name: m for m in policy.models}
+        self.router: Router = Router(policy, previous.router if previous is not None else None)
+        self.timeouts = {
+            c.name: c.timeouts or policy.server.timeouts for c in policy.classes
+        }
+        self.prices = PriceTable.from_mapping(_without_none(msgspec.to_builtins(policy.prices)))
+
+    def scopes(
+        self, tenant: str | None, key_id: str | None, key_limits: dict[str, int] | None,
+        model: str,
+    ) -> tuple[Scope, ...]:
+        """The quota scopes of a (tenant, key, model), built once per policy and cached."""
+        cache_key = (tenant, key_id, model)
+        scopes = self._scopes.get(cache_key)
+        if scopes is None:
+            t = self.tenants.get(tenant or "")
+            plan = self.plans.get(t.plan) if t is not None else None
+            scopes = scopes_for(plan, key_id, key_limits, model)
+            if len(self._scopes) > 10_000:
+                self._scopes.clear()
+            self._scopes[cache_key] = scopes
+        return scopes
+
+    def __repr__(self) -> str:
+        return f"<Runtime [pools: {len(self.router.pools)} | models: {len(self.models)}]>"
