@@ -40,11 +40,13 @@ def new_request_id() -> str:
 def client_request_id(headers: RawHeaders) -> str | None:
     """The client's own correlation id (``x-client-request-id``, else ``x-request-id``), if
     well-formed; kept for the access line, the trace and the backend, never used as a key."""
-    found: dict[bytes, bytes] = {}
+    supplied: bytes | None = None
     for name, value in headers:
-        if name in (b"x-client-request-id", b"x-request-id") and name not in found:
-            found[name] = value
-    supplied = found.get(b"x-client-request-id") or found.get(b"x-request-id")
+        if name == b"x-client-request-id":
+            supplied = value
+            break
+        if name == b"x-request-id" and supplied is None:
+            supplied = value
     if supplied is not None and _CLIENT_ID.match(supplied):
         return supplied.decode("ascii")
     return None

@@ -102,7 +102,6 @@ class Services:
     settle_later: Callable[[Coroutine[Any, Any, None]], None]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Inbound:
     """One request as the pipeline takes it.
 
@@ -110,18 +109,31 @@ class Inbound:
     never makes the gateway read it); ``on_body_read`` lets the edge start watching for a
     client that leaves; ``client_gone`` tells a cancellation by that watch from a shutdown.
     A batch line sets ``identity``, ``request_class``, ``request_id`` and ``batch_id``.
+    A plain slotted class, not a frozen dataclass: one is built per request, and a frozen
+    dataclass's ``__init__`` costs several times as much.
     """
 
-    method: str
-    endpoint: Endpoint
-    headers: RawHeaders
-    read_body: Callable[[int], Awaitable[bytes]]
-    on_body_read: Callable[[RequestContext], None] | None = None
-    client_gone: Callable[[], bool] | None = None
-    identity: Identity | None = None
-    request_class: str | None = None
-    request_id: str | None = None
-    batch_id: str | None = None
+    __slots__ = ("batch_id", "client_gone", "endpoint", "headers", "identity", "method",
+                 "on_body_read", "read_body", "request_class", "request_id")
+
+    def __init__(
+        self,
+        *,
+        method: str,
+        endpoint: Endpoint,
+        headers: RawHeaders,
+        read_body: Callable[[int], Awaitable[bytes]],
+        on_body_read: Callable[[RequestContext], None] | None = None,
+        client_gone: Callable[[], bool] | None = None,
+        identity: Identity | None = None,
+        request_class: str | None = None,
+        request_id: str | None = None,
+        batch_id: str | None = None,
+    ) -> None:
+        self.method, self.endpoint, self.headers = method, endpoint, headers
+        self.read_body, self.on_body_read, self.client_gone = read_body, on_body_read, client_gone
+        self.identity, self.request_class = identity, request_class
+        self.request_id, self.batch_id = request_id, batch_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,14 +79,15 @@ class Router:
     ) -> Route:
         """Route one request: its conversation (or key) picks the version a sticky model
         keeps it on, and the backend an affine pool sends it back to."""
-        conversation = conversation_key(payload, session)
+        affine = self.pools[model.pool].config.affinity is not None or any(
+            self.pools[p].config.affinity is not None for p in model.pools.values())
+        conversation = (conversation_key(payload, session)
+                        if affine or model.sticky == "conversation" else None)
         sticky: bytes | None = None
         if model.sticky == "key":
             sticky = (key_id or "").encode()
         elif model.sticky == "conversation":
             sticky = conversation
-        affine = self.pools[model.pool].config.affinity is not None or any(
-            self.pools[p].config.affinity is not None for p in model.pools.values())
         return self.route(model, class_name, sticky, conversation if affine else None)
 
     def route(
