@@ -30,6 +30,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check gateway loadtest tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 pytest: $(STAMP) system-deps
 	$(BIN)/python -m pytest
