@@ -2,7 +2,7 @@
 
 Every batch belongs to the caller's tenant; another tenant's batch id gets the same 404 as an
 unknown one. The lines run in the background (:class:`~gateway.batch.BatchRunner`) through
-the same proxy handlers as live requests: ``line_executor`` is that bridge.
+the same pipeline as live requests (``gateway.app.state.line_executor`` is that bridge).
 """
 
 from __future__ import annotations
@@ -12,63 +12,41 @@ from typing import TYPE_CHECKING, Any
 from litestar import Request, Response, get, post
 
 from gateway.api.files import identify, json_response
-from gateway.batch import LineAnswer, batch_object
-from gateway.pipeline import Inbound
-from gateway.request.parse import ENDPOINTS, decode_object
+from gateway.batch import batch_object
+from gateway.request.parse import decode_object
 
 if TYPE_CHECKING:
-    from gateway.app.state import Gateway
-    from gateway.batch import Execute, LineCall
-    from gateway.pipeline import Pipeline
+    from collections.abc import Callable
 
-__all__ = ["batch_handlers", "line_executor"]
+    from gateway.batch import BatchJobs
+    from gateway.runtime import Runtime
 
-def line_executor(pipeline: Pipeline) -> Execute:
-    """Run a batch line through the pipeline, as a request of the key that made the batch."""
+__all__ = ["batch_handlers"]
 
-    async def execute(line: LineCall) -> LineAnswer:
-        body = line.body
-
-        async def read(limit: int) -> bytes:
-            return body
-
-        result = await pipeline.run_line(Inbound(
-            method="POST", endpoint=ENDPOINTS[line.endpoint],
-            headers=[(b"content-length", str(len(body)).encode())], read_body=read,
-            identity=line.identity, request_class="batch", request_id=line.request_id,
-            batch_id=line.batch_id))
-        return LineAnswer(result.status, result.body)
-
-    return execute
-
-
-def batch_handlers(gateway: Gateway) -> list[Any]:
-    """Route handlers bound to one gateway."""
-    jobs = gateway.batches
-
-    def poke() -> None:
-        if gateway.batch_runner is not None:
-            gateway.batch_runner.poke()
+def batch_handlers(current: Callable[[], Runtime], jobs: BatchJobs,
+                   poke: Callable[[], None]) -> list[Any]:
+    """Route handlers over the policy in force and the batch jobs; ``poke`` wakes the runner
+    (a new or cancelled batch is picked up at once)."""
 
     @post("/v1/batches", status_code=200)
     async def create(request: Request[Any, Any, Any]) -> Response[bytes]:
-        identity = await identify(gateway, request)
+        identity = await identify(current, request)
         body = decode_object(await request.body())
         record = await jobs.create(identity, body.get("input_file_id"), body.get("endpoint"),
                                    body.get("completion_window"), body.get("metadata"),
-                                   gateway.runtime.models.keys())
+                                   current().models.keys())
         poke()
         return json_response(batch_object(record))
 
     @get("/v1/batches/{batch_id:str}")
     async def retrieve(request: Request[Any, Any, Any], batch_id: str) -> Response[bytes]:
-        identity = await identify(gateway, request)
+        identity = await identify(current, request)
         return json_response(batch_object(await jobs.batch(identity.tenant, batch_id)))
 
     @get("/v1/batches")
     async def listing(request: Request[Any, Any, Any], after: str | None = None,
                       limit: int = 20) -> Response[bytes]:
-        identity = await identify(gateway, request)
+        identity = await identify(current, request)
         records, more = await jobs.list(identity.tenant, after, limit)
         data = [batch_object(r) for r in records]
         return json_response({
@@ -79,7 +57,7 @@ def batch_handlers(gateway: Gateway) -> list[Any]:
 
     @post("/v1/batches/{batch_id:str}/cancel", status_code=200)
     async def cancel(request: Request[Any, Any, Any], batch_id: str) -> Response[bytes]:
-        identity = await identify(gateway, request)
+        identity = await identify(current, request)
         record = await jobs.cancel(identity.tenant, batch_id)
         poke()
         return json_response(batch_object(record))

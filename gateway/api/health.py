@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from gateway.app.state import Gateway
+    from collections.abc import Callable
+
     from gateway.routing.backend import BackendState
+    from gateway.runtime import Runtime
 
 __all__ = ["Readiness"]
 
@@ -34,8 +36,8 @@ async def _reachable(backend: BackendState, timeout: float) -> bool:
 class Readiness:
     """Cached readiness of a runtime's pools."""
 
-    def __init__(self, gateway: Gateway, timeout: float = 1.0) -> None:
-        self.gateway = gateway
+    def __init__(self, current: Callable[[], Runtime], timeout: float = 1.0) -> None:
+        self.current = current
         self.timeout = timeout
         self._checked_at = 0.0
         self._result: dict[str, bool] = {}
@@ -43,11 +45,11 @@ class Readiness:
     async def pools(self) -> dict[str, bool]:
         """Pool name -> has a reachable backend."""
         now = time.monotonic()
-        stale = now - self._checked_at >= self.gateway.runtime.policy.server.ready_check_interval
+        stale = now - self._checked_at >= self.current().policy.server.ready_check_interval
         # a failure is re-checked on every probe, so recovery shows at once
         if stale or not all(self._result.values()):
             result: dict[str, bool] = {}
-            for name, pool in self.gateway.runtime.router.pools.items():
+            for name, pool in self.current().router.pools.items():
                 checks = await asyncio.gather(*(_reachable(b, self.timeout) for b in pool.backends))
                 result[name] = any(checks)
             self._result, self._checked_at = result, now

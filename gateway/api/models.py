@@ -13,7 +13,8 @@ from gateway.errors import GatewayError, MethodNotAllowed, ModelNotFound
 from gateway.http.asgi import clip, get_header, send_error, send_json
 
 if TYPE_CHECKING:
-    from gateway.app.state import Gateway
+    from collections.abc import Callable
+
     from gateway.runtime import Runtime
     from gateway.types import Receive, Scope, Send
 
@@ -42,8 +43,8 @@ def _model_id(scope: Scope) -> str:
 class ModelsHandler:
     """Lists models, or shows one when the route carries a ``model_id``."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
+    def __init__(self, current: Callable[[], Runtime]) -> None:
+        self.current = current
         self.created = int(time.time())
         self._built_for: Runtime | None = None
         self.cards: dict[str, _ModelCard] = {}
@@ -51,7 +52,7 @@ class ModelsHandler:
 
     def _cards(self) -> None:
         """Rebuild the cards when the policy was reloaded."""
-        runtime = self.gateway.runtime
+        runtime = self.current()
         if runtime is self._built_for:
             return
         self.cards = {
@@ -68,7 +69,7 @@ class ModelsHandler:
                     f"method {scope['method']} is not allowed here; use GET",
                     headers={"Allow": "GET"},
                 )
-            await self.gateway.runtime.resolver.authenticate(get_header(scope, b"authorization"))
+            await self.current().resolver.authenticate(get_header(scope, b"authorization"))
             self._cards()
             model_id = _model_id(scope)
             if not model_id:

@@ -22,8 +22,10 @@ from litestar import Response, get
 from gateway.request.parse import ENDPOINTS, MAX_DEPTH
 
 if TYPE_CHECKING:
-    from gateway.app.state import Gateway
+    from collections.abc import Callable
+
     from gateway.config import Policy
+    from gateway.runtime import Runtime
 
 __all__ = ["openapi_bytes", "openapi_document", "openapi_handlers"]
 
@@ -298,13 +300,13 @@ def openapi_bytes(policy: Policy) -> bytes:
     return msgspec.json.encode(openapi_document(policy))
 
 
-def openapi_handlers(gateway: Gateway) -> list[Any]:
+def openapi_handlers(current: Callable[[], Runtime]) -> list[Any]:
     """``GET /openapi.json``, re-encoded only when a reload changed the policy."""
     built: list[Any] = [None, b""]  # the policy it was built for (kept alive), its bytes
 
     @get("/openapi.json", sync_to_thread=False)
     def openapi() -> Response[bytes]:
-        policy = gateway.runtime.policy
+        policy = current().policy
         if built[0] is not policy:
             built[:] = [policy, openapi_bytes(policy)]
         return Response(built[1], media_type=_JSON)

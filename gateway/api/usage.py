@@ -19,8 +19,10 @@ from gateway.errors import AuthenticationFailed, InvalidRequest
 from gateway.ledger import GROUP_DIMENSIONS, stream_csv, stream_jsonl
 
 if TYPE_CHECKING:
-    from gateway.app.state import Gateway
-    from gateway.ledger import UsageRow
+    from collections.abc import Callable
+
+    from gateway.ledger import Ledger, UsageRow
+    from gateway.runtime import Runtime
 
 __all__ = ["usage_handlers"]
 
@@ -42,20 +44,21 @@ def _rows(rows: list[UsageRow]) -> dict[str, Any]:
     return {"object": "list", "data": msgspec.to_builtins(rows)}
 
 
-def usage_handlers(gateway: Gateway) -> list[Any]:
-    """Route handlers bound to one gateway. The ``/admin/usage`` ones are guarded by the app's
-    admin gate (:func:`gateway.api.admin.admin_gate`) before they are routed, so an
-    unauthenticated caller never reaches their parameter validation."""
+def usage_handlers(current: Callable[[], Runtime], ledger: Ledger) -> list[Any]:
+    """Route handlers over the policy in force (for authentication) and the ledger. The
+    ``/admin/usage`` ones are guarded by the app's admin gate
+    (:func:`gateway.api.admin.admin_gate`) before they are routed, so an unauthenticated
+    caller never reaches their parameter validation."""
 
     @get("/v1/usage")
     async def own_usage(request: Request[Any, Any, Any], start: str | None = None,
                         end: str | None = None, group_by: str | None = None) -> dict[str, Any]:
         header = request.headers.get("authorization")
-        identity = await gateway.runtime.resolver.authenticate(header.encode() if header else None)
+        identity = await current().resolver.authenticate(header.encode() if header else None)
         if identity is None:  # usage belongs to a tenant: anonymous callers have none
             raise AuthenticationFailed(INVALID_KEY)
         try:
-            rows = await gateway.ledger.usage(identity.tenant, start or _today(),
+            rows = await ledger.usage(identity.tenant, start or _today(),
                                               end or start or _today(), _group(group_by))
         except ValueError as exc:
             raise InvalidRequest(str(exc), param="start") from None
@@ -68,10 +71,10 @@ def usage_handlers(gateway: Gateway) -> list[Any]:
         group = _group(group_by)
         try:
             if tenant:
-                rows = await gateway.ledger.usage(tenant, start or _today(),
+                rows = await ledger.usage(tenant, start or _today(),
                                                   end or start or _today(), group)
             else:
-                rows = await gateway.ledger.usage_all(start or _today(),
+                rows = await ledger.usage_all(start or _today(),
                                                       end or start or _today(), group)
         except ValueError as exc:
             raise InvalidRequest(str(exc), param="start") from None
@@ -80,7 +83,7 @@ def usage_handlers(gateway: Gateway) -> list[Any]:
     @get("/admin/usage/export")
     async def export(start_ms: int, end_ms: int, tenant: str | None = None,
                      format: str = "jsonl") -> Stream:
-        records = gateway.ledger.export(start_ms, end_ms, tenant)
+        records = ledger.export(start_ms, end_ms, tenant)
         if format == "csv":
             return Stream(stream_csv(records), media_type="text/csv")
         return Stream(stream_jsonl(records), media_type="application/x-ndjson")
@@ -88,7 +91,7 @@ def usage_handlers(gateway: Gateway) -> list[Any]:
     @get("/admin/usage/reconcile")
     async def reconcile(tenant: str, day: str) -> dict[str, Any]:
         try:
-            diffs = await gateway.ledger.reconcile(tenant, day)
+            diffs = await ledger.reconcile(tenant, day)
         except ValueError as exc:  # not a YYYY-MM-DD day (was a 500)
             raise InvalidRequest(str(exc), param="day") from None
         return {"tenant": tenant, "day": day, "consistent": not diffs,

@@ -21,7 +21,7 @@ from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
 from gateway.api.admin import admin_gate, admin_handlers, is_admin_path
-from gateway.api.batches import batch_handlers, line_executor
+from gateway.api.batches import batch_handlers
 from gateway.api.files import file_handlers
 from gateway.api.health import Readiness
 from gateway.api.models import ModelsHandler
@@ -29,7 +29,6 @@ from gateway.api.openapi import openapi_handlers
 from gateway.api.proxy import ProxyHandler
 from gateway.api.usage import usage_handlers
 from gateway.app.state import METRICS_TOKEN_ENV, Gateway
-from gateway.batch import BatchRunner
 from gateway.config import PolicyError, load_policy
 from gateway.context import new_request_id
 from gateway.errors import (
@@ -170,7 +169,8 @@ def _reload_on_sighup(gateway: Gateway) -> None:
 def create_app(policy: Policy, source: str | None = None) -> Litestar:
     """Build the gateway app for one policy (``source``: its path, for reloads)."""
     gateway = Gateway(policy, source)
-    readiness = Readiness(gateway)
+    current = gateway.current  # the policy snapshot in force, for the handlers that read it
+    readiness = Readiness(current)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -189,10 +189,9 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
         handler: ASGIApp = proxies.setdefault(path, ProxyHandler(gateway.pipeline, endpoint))
         fast_routes[path] = handler
         handlers.append(asgi(path, name=endpoint.operation, copy_scope=False)(handler))
-    # --- batch jobs (issue 9): the runner's lines go through the same proxy handlers
-    gateway.batch_runner = BatchRunner(gateway, gateway.batches, line_executor(gateway.pipeline))
-    handlers += [*file_handlers(gateway), *batch_handlers(gateway)]
-    models: ASGIApp = ModelsHandler(gateway)
+    handlers += [*file_handlers(current, gateway.batches),
+                 *batch_handlers(current, gateway.batches, gateway.batch_runner.poke)]
+    models: ASGIApp = ModelsHandler(current)
     # a mount, because model ids may hold slashes ("meta-llama/Llama-3.1-8B")
     handlers.append(asgi("/v1/models", name="models", is_mount=True, copy_scope=True)(models))
 
@@ -227,7 +226,7 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
         return Response(body, media_type=content_type)
 
     handlers += [healthz, readyz, metrics, *admin_handlers(gateway),
-                 *usage_handlers(gateway), *openapi_handlers(gateway)]
+                 *usage_handlers(current, gateway.ledger), *openapi_handlers(current)]
     app = GatewayApp(
         route_handlers=handlers,
         lifespan=[lifespan],

@@ -20,12 +20,13 @@ from gateway.accounting import PromptCounter
 from gateway.app.workers import Siblings, workers_dir
 from gateway.auth.keystore import KeyStore
 from gateway.auth.manage import open_keystore
-from gateway.batch import BatchRunner, make_batch_jobs
+from gateway.batch import BatchRunner, LineAnswer, make_batch_jobs
 from gateway.config import PolicyError, load_policy
 from gateway.http.base import make_upstream
 from gateway.ledger import Ledger, LedgerSettings, MemoryLedger, RedisLedger
-from gateway.pipeline import Pipeline, Services
+from gateway.pipeline import Inbound, Pipeline, Services
 from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, RedisQuotaStore
+from gateway.request.parse import ENDPOINTS
 from gateway.runtime import Runtime
 from gateway.telemetry import (
     FinishedRequests,
@@ -40,6 +41,7 @@ from gateway.upstream.shadow import Mirror
 if TYPE_CHECKING:
     from collections.abc import Coroutine
 
+    from gateway.batch import Execute, LineCall
     from gateway.config import Policy, Store
 
 __all__ = ["METRICS_TOKEN_ENV", "SIBLING_RELOAD_TIMEOUT", "Gateway"]
@@ -90,6 +92,25 @@ def make_quota_store(store: Store) -> QuotaStore:
                               on_change=on_change)
 
 
+def line_executor(pipeline: Pipeline) -> Execute:
+    """Run a batch line through the pipeline, as a request of the key that made the batch."""
+
+    async def execute(line: LineCall) -> LineAnswer:
+        body = line.body
+
+        async def read(limit: int) -> bytes:
+            return body
+
+        result = await pipeline.run_line(Inbound(
+            method="POST", endpoint=ENDPOINTS[line.endpoint],
+            headers=[(b"content-length", str(len(body)).encode())], read_body=read,
+            identity=line.identity, request_class="batch", request_id=line.request_id,
+            batch_id=line.batch_id))
+        return LineAnswer(result.status, result.body)
+
+    return execute
+
+
 class Gateway:
     """Process-wide state: the upstream client, the current runtime, background work."""
 
@@ -130,14 +151,19 @@ class Gateway:
         # --- batch jobs (issue 9): files and state here; the runner is set by create_app,
         # which knows the proxy routes its lines go through
         self.batches = make_batch_jobs(policy.batch, os.environ.get(policy.store.redis_url_env))
-        self.batch_runner: BatchRunner | None = None
         #: the request pipeline, with the services it uses (and nothing else of this object)
         self.pipeline = Pipeline(Services(
-            current=lambda: self.runtime, draining=lambda: self.draining,
+            current=self.current, draining=lambda: self.draining,
             upstream=self.upstream, quota=self.quota, ledger=self.ledger,
             tracing=self.tracing, metrics=self.metrics, mirror=self.mirror,
             counter=self.counter, finished=self.finished, settle_later=self.settle_later,
         ))
+        #: batch lines run through the same pipeline as live requests
+        self.batch_runner = BatchRunner(self, self.batches, line_executor(self.pipeline))
+
+    def current(self) -> Runtime:
+        """The policy snapshot in force (a reload swaps it; a request keeps the one it read)."""
+        return self.runtime
 
     def counter(self, encoding: str) -> PromptCounter:
         counter = self.counters.get(encoding)
@@ -154,7 +180,7 @@ class Gateway:
         await self.upstream.start()
         await self.ledger.start()
         await self.batches.open()  # batch jobs (issue 9)
-        if self.batch_runner is not None and self.runtime.policy.batch.run:
+        if self.runtime.policy.batch.run:
             self.batch_runner.start()
         self._gauges = asyncio.create_task(self._gauge_loop())
         self._monitors = Monitors(list(self.runtime.router.pools.values()), self.upstream)
@@ -210,8 +236,8 @@ class Gateway:
     async def close(self) -> None:
         if self.siblings is not None:
             await self.siblings.close()
-        if self.batch_runner is not None:  # batch jobs (issue 9): lines in flight finish and
-            await self.batch_runner.stop()  # are recorded while upstream and ledger are open
+        # batch lines in flight finish and are recorded while upstream and ledger are open
+        await self.batch_runner.stop()
         if self._monitors is not None:
             await self._monitors.stop()
         for task in [*self.tasks, *self.mirror.tasks]:

@@ -5,10 +5,10 @@
 ``sqlite.py`` (no Redis) and ``redis.py``; ``jobs.py`` what the API calls; ``control.py`` the
 pacing rule; ``runner.py`` the per-process runner; ``output.py`` the result lines.
 
-Wiring (in ``Gateway`` and ``create_app``)::
+Wiring (in ``Gateway``)::
 
     jobs = make_batch_jobs(policy.batch, redis_url)     # Gateway.__init__
-    runner = BatchRunner(gateway, jobs, execute)       # create_app: execute = the proxy routes
+    runner = BatchRunner(gateway, jobs, execute)       # Gateway.__init__: execute = the pipeline
     await jobs.open(); runner.start()                  # Gateway.start
     await runner.stop(); await jobs.close()            # Gateway.close, before the ledger closes
 """
