@@ -1,6 +1,6 @@
 # Two commands on a fresh Debian machine with python3 (>= 3.11) and make:
 #   make demo   - install into .venv and run the gateway demo on embedded defaults
-#   make test   - install into .venv and run the whole test suite (lint, types, tests)
+#   make test   - install into .venv and run the whole test suite (lint, types, imports, tests)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
