@@ -48,7 +48,7 @@ from gateway.errors import (
     ModelNotFound,
     ServerShuttingDown,
 )
-from gateway.http.asgi import ClientGone, clip, send_error
+from gateway.http.asgi import ClientGone, clip, header_value, send_error
 from gateway.ledger import make_record
 from gateway.quota.admit import Admitted, admit
 from gateway.request.parse import parse_request
@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from gateway.upstream.forward import Forwarded
     from gateway.upstream.shadow import Mirror
 
-__all__ = ["Inbound", "LineResult", "Pipeline", "Services"]
+__all__ = ["Inbound", "LineAnswer", "Pipeline", "Services"]
 
 _encoder = msgspec.json.Encoder()
 _log = logging.getLogger("gateway.pipeline")
@@ -137,7 +137,7 @@ class Inbound:
 
 
 @dataclass(frozen=True, slots=True)
-class LineResult:
+class LineAnswer:
     """A batch line's answer: the status and the whole body the client would have read."""
 
     status: int
@@ -233,8 +233,9 @@ class Pipeline:
         try:
             # 4. route
             router = runtime.router
+            session = header_value(inbound.headers, SESSION_HEADER)
             route = router.route_request(model, ctx.request_class or "", ctx.key_id,
-                                         parsed.payload, _header(inbound, SESSION_HEADER))
+                                         parsed.payload, session)
             ctx.version, ctx.upstream_model = route.version, route.upstream_model
             body, scanner, renamer = _upstream_body(parsed, raw, route.upstream_model)
             headers = span.propagate(outbound_headers(inbound.headers, ctx))
@@ -280,7 +281,7 @@ class Pipeline:
                 ctx, ctx.usage, tenant=ctx.tenant or "default", batch_id=ctx.batch_id,
                 currency=runtime.prices.currency))
 
-    async def run_line(self, inbound: Inbound) -> LineResult:
+    async def run_line(self, inbound: Inbound) -> LineAnswer:
         """A batch line, exactly like a live request of its key: quotas, routing, retries,
         accounting and the usage record all apply; the answer is collected whole."""
         status = 0
@@ -294,7 +295,7 @@ class Pipeline:
                 chunks.append(message.get("body", b""))
 
         await self.run(inbound, collect)
-        return LineResult(status, b"".join(chunks))
+        return LineAnswer(status, b"".join(chunks))
 
 
 # --- the steps' small pieces ------------------------------------------------------------------
@@ -310,18 +311,12 @@ def _context(inbound: Inbound) -> RequestContext:
     return ctx
 
 
-def _header(inbound: Inbound, name: bytes) -> bytes | None:
-    for key, value in inbound.headers:
-        if key == name:
-            return value
-    return None
-
-
 async def _authenticate(runtime: Runtime, inbound: Inbound, ctx: RequestContext
                         ) -> Identity | None:
     identity = inbound.identity  # a batch line: authenticated when the batch was created
     if identity is None:
-        identity = await runtime.resolver.authenticate(_header(inbound, b"authorization"))
+        header = header_value(inbound.headers, b"authorization")
+        identity = await runtime.resolver.authenticate(header)
     if identity is None:  # keys are not required by this policy
         ctx.tenant = "anonymous"
         return None
@@ -342,7 +337,7 @@ def _classify(runtime: Runtime, inbound: Inbound, identity: Identity | None,
               ctx: RequestContext, parsed: ParsedRequest) -> str:
     if ctx.request_class is not None:  # a batch line
         return ctx.request_class
-    header = _header(inbound, b"x-request-class")
+    header = header_value(inbound.headers, b"x-request-class")
     tenant = runtime.tenants.get(ctx.tenant or "")
     try:
         return resolve_class(

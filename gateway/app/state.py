@@ -20,11 +20,11 @@ from gateway.accounting import PromptCounter
 from gateway.app.workers import Siblings, workers_dir
 from gateway.auth.keystore import KeyStore
 from gateway.auth.manage import open_keystore
-from gateway.batch import BatchRunner, LineAnswer, make_batch_jobs
+from gateway.batch import BatchRunner, make_batch_jobs
 from gateway.config import PolicyError, load_policy
 from gateway.http.base import make_upstream
 from gateway.ledger import Ledger, LedgerSettings, MemoryLedger, RedisLedger
-from gateway.pipeline import Inbound, Pipeline, Services
+from gateway.pipeline import Inbound, LineAnswer, Pipeline, Services
 from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, RedisQuotaStore
 from gateway.request.parse import ENDPOINTS
 from gateway.runtime import Runtime
@@ -101,12 +101,11 @@ def line_executor(pipeline: Pipeline) -> Execute:
         async def read(limit: int) -> bytes:
             return body
 
-        result = await pipeline.run_line(Inbound(
+        return await pipeline.run_line(Inbound(
             method="POST", endpoint=ENDPOINTS[line.endpoint],
             headers=[(b"content-length", str(len(body)).encode())], read_body=read,
             identity=line.identity, request_class="batch", request_id=line.request_id,
             batch_id=line.batch_id))
-        return LineAnswer(result.status, result.body)
 
     return execute
 

@@ -44,6 +44,7 @@ from gateway.batch.objects import BatchRecord, FileRecord, LineResult
 from gateway.batch.output import answer_line, error_line, request_id_of
 from gateway.batch.validate import iter_lines, parse_line
 from gateway.errors import InvalidRequest
+from gateway.pipeline import LineAnswer
 
 if TYPE_CHECKING:
     from gateway.batch.jobs import BatchJobs
@@ -70,12 +71,6 @@ class LineCall:
     batch_id: str
     request_id: str
     endpoint: str
-    body: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class LineAnswer:
-    status: int
     body: bytes
 
 

@@ -13,7 +13,8 @@ from gateway.errors import BodyTooLarge, GatewayError, InvalidRequest, clip
 if TYPE_CHECKING:
     from gateway.types import RawHeaders, Receive, Scope, Send
 
-__all__ = ["ClientGone", "clip", "get_header", "read_body", "send_error", "send_json"]
+__all__ = ["ClientGone", "clip", "get_header", "header_value", "read_body", "send_error",
+           "send_json"]
 
 # ``clip(text, n)`` is re-exported for the HTTP edge: an error message that echoes client text
 # (an unknown model's name) quotes at most ``n`` characters of it.
@@ -25,12 +26,17 @@ class ClientGone(Exception):
     """The client disconnected before its request body was read."""
 
 
+def header_value(headers: RawHeaders, name: bytes) -> bytes | None:
+    """First value of a header (``name`` lower-case) in a raw header list."""
+    for key, value in headers:
+        if key == name:
+            return value
+    return None
+
+
 def get_header(scope: Scope, name: bytes) -> bytes | None:
     """First value of a request header (``name`` lower-case)."""
-    for key, value in scope["headers"]:
-        if key == name:
-            return value  # type: ignore[no-any-return]
-    return None
+    return header_value(scope["headers"], name)
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:

@@ -29,7 +29,7 @@ from typing import Any, cast
 
 import msgspec
 
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, clip
 
 __all__ = [
     "ENDPOINTS",
@@ -141,10 +141,6 @@ def _repeated_key(body: bytes) -> str:
     return "?"
 
 
-def _clip(text: str, limit: int = 64) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def decode_object(body: bytes, subject: str = "request body") -> dict[str, Any]:
     """Decode a JSON object, refusing deep nesting and repeated top-level keys.
 
@@ -166,7 +162,7 @@ def decode_object(body: bytes, subject: str = "request body") -> dict[str, Any]:
     if len(body) > 2 * MAX_DEPTH and nests_deeper(payload, MAX_DEPTH):
         raise InvalidRequest(f"{subject} nests deeper than {MAX_DEPTH} levels")
     if decoder.count != len(payload):  # checked second: the error path parses again
-        key = _clip(_repeated_key(body))
+        key = clip(_repeated_key(body), 64)
         raise InvalidRequest(f"{subject} repeats the key {key!r}: each key may appear once")
     return payload
 

@@ -21,19 +21,15 @@ import uvicorn
 from gateway.config.model import ClientLimits
 from gateway.http.server import MAX_HEAD_BYTES, GatewayH1Protocol
 from gateway.http.uvicorn import UvicornH1Protocol, uvicorn_options
+from tests.http.lifespan import run_lifespan
 
 EVENTS: list[str] = []
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await run_lifespan(receive, send)
+        return
     path = scope["path"]
     if path == "/echo":
         body = b""

@@ -20,19 +20,15 @@ import uvicorn
 from gateway.config.model import ClientLimits
 from gateway.http.server import MAX_RAW_HEAD_BYTES
 from gateway.http.uvicorn import uvicorn_options
+from tests.http.lifespan import run_lifespan
 
 PATIENCE = 30.0  # seconds: generous bound for anything that should happen "soon"
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await run_lifespan(receive, send)
+        return
     body = b""
     while True:
         message = await receive()
