@@ -152,4 +152,5 @@ REDIS_TIMEOUT_S = 30.0
 )
 @given(ops=ops_strategy)
 def test_redis_store_matches_model(redis_url: str, ops: list[Op]) -> None:
-    asyncio.run(play(RedisQuotaStore.from_url(redis_url, timeout=REDIS_TIMEOUT_S), ops))
+    asyncio.run(play(RedisQuotaStore.from_url(redis_url, timeout=REDIS_TIMEOUT_S,
+                                               connect_timeout=REDIS_TIMEOUT_S), ops))

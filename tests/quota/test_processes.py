@@ -58,7 +58,7 @@ async def test_killed_process_leases_come_back(redis_proc: RedisProc) -> None:
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
 
-    store = RedisQuotaStore.from_url(redis_proc.url, timeout=2.0)
+    store = RedisQuotaStore.from_url(redis_proc.url, timeout=30.0, connect_timeout=30.0)
     scopes = (Scope("tenant", Limits(concurrency=3)),)
 
     def request() -> QuotaRequest:

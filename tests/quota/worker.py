@@ -34,7 +34,7 @@ def _request(tenant: str, limits: Limits, ttl: float = 30.0) -> QuotaRequest:
 
 
 async def hold(url: str, tenant: str, n: int, ttl: float) -> None:
-    store = RedisQuotaStore.from_url(url, timeout=2.0)
+    store = RedisQuotaStore.from_url(url, timeout=30.0, connect_timeout=30.0)
     for _ in range(n):
         decision = await store.reserve(_request(tenant, Limits(concurrency=n), ttl))
         assert decision.admitted
@@ -45,7 +45,7 @@ async def hold(url: str, tenant: str, n: int, ttl: float) -> None:
 async def hammer(
     mode: str, url: str, tenant: str, limit: int, tasks: int, start: float, seconds: float
 ) -> None:
-    store = RedisQuotaStore.from_url(url, timeout=2.0)
+    store = RedisQuotaStore.from_url(url, timeout=30.0, connect_timeout=30.0)
     counter = Redis.from_url(url)
     in_flight_key = f"gw:q:{{{tenant}}}:test:in_flight"
     limits = Limits(rpm=limit) if mode == "rpm" else Limits(concurrency=limit)

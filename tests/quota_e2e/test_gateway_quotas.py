@@ -251,7 +251,7 @@ def test_settles_free_every_slot_and_reach_redis_before_exit(redis: RedisProc,
             assert gw.stop() == 0
 
     async def read() -> tuple[int, int]:
-        store = RedisQuotaStore.from_url(redis.url)
+        store = RedisQuotaStore.from_url(redis.url, timeout=30.0, connect_timeout=30.0)
         try:
             usage = await store.usage("acme", "tenant")
             return usage.in_flight, usage.tokens
