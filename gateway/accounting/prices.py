@@ -116,10 +116,15 @@ class CostBreakdown(msgspec.Struct, frozen=True, kw_only=True):
     history: int = 0
     new: int = 0
     tools: int = 0
+    #: visible output (completion tokens less reasoning)
     output: int = 0
+    #: reasoning tokens, at the model's reasoning price
+    reasoning: int = 0
     total: int = 0
     #: of the total, what was charged at the cached-input rate (not a separate line)
     cached: int = 0
+    #: of the total, what was charged at the cache-write rate (not a separate line)
+    cache_write: int = 0
 
 
 def price_usage(

@@ -34,7 +34,13 @@ class TokenUsage(msgspec.Struct, frozen=True, kw_only=True):
     tools: int = 0
     #: prompt tokens the backend served from its cache (a subset of the parts above)
     cached: int = 0
+    #: prompt tokens the backend wrote to its cache (a subset of the parts above, disjoint
+    #: from ``cached``), e.g. Anthropic's ``cache_creation_input_tokens``
+    cache_write: int = 0
+    #: completion tokens in all (the backend's ``completion_tokens``), reasoning included
     output: int = 0
+    #: of ``output``, the reasoning tokens (``completion_tokens_details.reasoning_tokens``)
+    reasoning: int = 0
     prompt_total: int = 0
     #: True when the backend reported no usage and these are the gateway's own counts
     estimated: bool = False

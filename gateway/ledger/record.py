@@ -53,6 +53,9 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: unix milliseconds at completion; picks the UTC day partition
     ts_ms: int
     tenant: str
+    #: the tenant's team and organization when the policy places it in one
+    team: str | None = None
+    organization: str | None = None
     key_id: str | None = None
     #: the public model name the client asked for
     model: str = ""
@@ -71,8 +74,13 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     history: int = 0
     new: int = 0
     tools: int = 0
+    #: of ``prompt_total``: tokens read from the backend's prompt cache, and tokens written to
+    #: it (disjoint; the rest is uncached input)
     cached: int = 0
+    cache_write: int = 0
+    #: completion tokens in all, and of them the reasoning tokens (the rest is visible output)
     output: int = 0
+    reasoning: int = 0
     prompt_total: int = 0
     #: True when the tokens are the gateway's own counts, not the backend's
     estimated: bool = False
@@ -85,7 +93,12 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     cost_history: int = 0
     cost_new: int = 0
     cost_tools: int = 0
+    #: visible output and reasoning; with the four input lines they sum to ``cost_micros``
     cost_output: int = 0
+    cost_reasoning: int = 0
+    #: of the input lines, what was charged at the cache-read and cache-write rates
+    cost_cached: int = 0
+    cost_cache_write: int = 0
     currency: str = "USD"
 
     @property
@@ -151,6 +164,8 @@ def make_record(
     usage: TokenUsage | None,
     *,
     tenant: str,
+    team: str | None = None,
+    organization: str | None = None,
     batch_id: str | None = None,
     currency: str = "USD",
     ts_ms: int | None = None,
@@ -173,6 +188,8 @@ def make_record(
         request_id=context.request_id,
         ts_ms=ts_ms if ts_ms is not None else time.time_ns() // 1_000_000,
         tenant=tenant,
+        team=team,
+        organization=organization,
         key_id=context.key_id,
         model=context.request_model or "",
         upstream_model=context.upstream_model,
@@ -189,7 +206,9 @@ def make_record(
         new=u.new if u else 0,
         tools=u.tools if u else 0,
         cached=u.cached if u else 0,
+        cache_write=u.cache_write if u else 0,
         output=u.output if u else 0,
+        reasoning=u.reasoning if u else 0,
         prompt_total=u.prompt_total if u else 0,
         estimated=u.estimated if u else False,
         ttft_ms=ttft,
@@ -201,5 +220,8 @@ def make_record(
         cost_new=cost.new if cost else 0,
         cost_tools=cost.tools if cost else 0,
         cost_output=cost.output if cost else 0,
+        cost_reasoning=cost.reasoning if cost else 0,
+        cost_cached=cost.cached if cost else 0,
+        cost_cache_write=cost.cache_write if cost else 0,
         currency=currency,
     )
