@@ -82,6 +82,7 @@ class RequestContext:
     usage: TokenUsage | None = None  # filled by accounting once the response is over
     quota: str | None = None  # admitted | rejected:<limit> | unavailable (None: no limits)
     admitted: bool = False  # passed admission: one usage record will be written
+    recorded: bool = False  # its usage record was written (before the response's end)
     batch_id: str | None = None  # set for the lines of a batch job (tags the usage record)
     client_request_id: str | None = None  # the client's correlation id, never used as a key
 

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from gateway.auth.resolver import Identity
     from gateway.config import Model
     from gateway.http.base import UpstreamClient
-    from gateway.ledger import Ledger
+    from gateway.ledger import Ledger, UsageRecord
     from gateway.quota import QuotaStore
     from gateway.request.parse import Endpoint, ParsedRequest
     from gateway.runtime import Runtime
@@ -251,16 +251,27 @@ class Pipeline:
             answer.append((b"x-gateway-pool", forwarded.pool.name.encode()))
             if renamer is not None and forwarded.body is not None:
                 forwarded.body = renamer.whole(forwarded.body)
-            try:
-                await relay_response(forwarded, ctx, send, answer, scanner)
-            finally:
-                release(forwarded, ctx)
-                # 7. meter
+            done = forwarded
+
+            async def finish() -> None:
+                """7-8 before the response's last bytes: meter, then the durable record."""
                 ctx.usage = await meter(
                     counter, endpoint.operation, parsed.payload, size,
                     admitted.split if admitted is not None else None,
-                    body=forwarded.body, scanner=scanner, price=price,
+                    body=done.body, scanner=scanner, price=price,
                     batch=ctx.request_class == "batch")
+                await self._record(runtime, ctx)
+
+            try:
+                await relay_response(forwarded, ctx, send, answer, scanner, finish)
+            finally:
+                release(forwarded, ctx)
+                if ctx.usage is None:  # 7. meter (a response that did not reach its end)
+                    ctx.usage = await meter(
+                        counter, endpoint.operation, parsed.payload, size,
+                        admitted.split if admitted is not None else None,
+                        body=forwarded.body, scanner=scanner, price=price,
+                        batch=ctx.request_class == "batch")
         finally:
             if admitted is not None:  # settled in the background: the answer is complete
                 services.settle_later(admitted.admission.settle(*_actual(ctx.usage)))
@@ -275,11 +286,23 @@ class Pipeline:
                  record_content=tenant.record_content if tenant else False)
         services = self.services
         services.finished(ctx, span)  # metrics and access line, in batches
-        # 8. record
-        if ctx.admitted:
-            services.ledger.write_nowait(make_record(
-                ctx, ctx.usage, tenant=ctx.tenant or "default", batch_id=ctx.batch_id,
-                currency=runtime.prices.currency))
+        # 8. record (here only for a request that did not reach its response's end)
+        if ctx.admitted and not ctx.recorded:
+            services.ledger.write_nowait(self._make_record(runtime, ctx))
+
+    def _make_record(self, runtime: Runtime, ctx: RequestContext) -> UsageRecord:
+        return make_record(ctx, ctx.usage, tenant=ctx.tenant or "default",
+                           batch_id=ctx.batch_id, currency=runtime.prices.currency)
+
+    async def _record(self, runtime: Runtime, ctx: RequestContext) -> None:
+        """8. record: the usage record of a request whose response is about to end; with
+        ``store.ledger_durability: commit`` it is durable when this returns."""
+        ctx.recorded = True
+        record = self._make_record(runtime, ctx)
+        if runtime.policy.store.ledger_durability == "commit":
+            await self.services.ledger.write_durable(record)
+        else:
+            self.services.ledger.write_nowait(record)
 
     async def run_line(self, inbound: Inbound) -> LineAnswer:
         """A batch line, exactly like a live request of its key: quotas, routing, retries,

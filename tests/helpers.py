@@ -79,6 +79,7 @@ class GatewayProcess:
         self.config = tmp / f"policy-{self.port}.yaml"
         store = policy_data.setdefault("store", {})
         store.setdefault("spool_dir", str(tmp / f"spool-{self.port}"))
+        store.setdefault("data_dir", str(tmp / f"data-{self.port}"))
         self.config.write_text(yaml.safe_dump(policy_data))
         self.workers = workers
         self.proc: subprocess.Popen[bytes] | None = None

@@ -23,7 +23,8 @@ from gateway.auth.manage import open_keystore
 from gateway.batch import BatchRunner, make_batch_jobs
 from gateway.config import PolicyError, load_policy
 from gateway.http.base import make_upstream
-from gateway.ledger import Ledger, LedgerSettings, MemoryLedger, RedisLedger
+from gateway.ledger import Ledger, LedgerSettings
+from gateway.ledger.sql import open_ledger
 from gateway.pipeline import Inbound, LineAnswer, Pipeline, Services
 from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, RedisQuotaStore
 from gateway.request.parse import ENDPOINTS
@@ -60,19 +61,24 @@ def _secrets(policy: Policy) -> tuple[str, ...]:
     """Values the logs must never show: backend keys, the admin token, the key secret."""
     names = {b.api_key_env for p in policy.pools for b in p.backends if b.api_key_env}
     names |= {"GATEWAY_ADMIN_TOKEN", METRICS_TOKEN_ENV, policy.auth.key_secret_env,
-              policy.store.redis_url_env}
+              policy.store.redis_url_env, policy.store.ledger_url_env}
     return tuple(v for n in sorted(names) if (v := os.environ.get(n)) and len(v) >= 6)
 
 
-def make_ledger(store: Store) -> Ledger:
-    """Usage records to Redis (spooling when it is away), or to the local spool alone."""
-    url = os.environ.get(store.redis_url_env)
-    settings = LedgerSettings(retention_days=store.usage_retention_days,
-                              seen_ttl_days=store.usage_dedupe_days)
+def ledger_url(store: Store) -> str:
+    """The ledger database: the URL in ``store.ledger_url_env``, else SQLite in the data
+    directory (a single host keeps its records across restarts)."""
+    url = os.environ.get(store.ledger_url_env)
     if url:
-        return RedisLedger.from_url(url, spool_dir=store.spool_dir, cluster=store.cluster,
-                                    timeout=store.timeout, settings=settings)
-    return MemoryLedger(store.spool_dir, settings=settings)
+        return url
+    return f"sqlite:///{(Path(store.data_dir) / 'ledger.db').resolve()}"
+
+
+def make_ledger(store: Store) -> Ledger:
+    """The ledger of record (PostgreSQL or SQLite), spooling locally when it is away."""
+    settings = LedgerSettings(retention_days=store.usage_retention_days)
+    return open_ledger(ledger_url(store), spool_dir=store.spool_dir, settings=settings,
+                       migrate=store.ledger_migrate, deadline=store.ledger_timeout)
 
 
 def make_quota_store(store: Store) -> QuotaStore:
@@ -249,7 +255,7 @@ class Gateway:
         await self.quota.aclose()
         if self._gauges is not None:
             self._gauges.cancel()
-        await self.ledger.close()  # drains buffered usage records to Redis or the spool
+        await self.ledger.close()  # drains buffered usage records to the database or the spool
         await self.batches.close()  # batch jobs (issue 9)
         self.tracing.shutdown()
         self.finished.flush()

@@ -1,4 +1,4 @@
-"""The ``gateway`` command: serve, check, sim, demo, schema."""
+"""The ``gateway`` command: serve, check, sim, demo, schema, keys, usage, db."""
 
 from __future__ import annotations
 
@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli.usage import add_usage_parser
 
     add_usage_parser(sub)
+    from gateway.cli.db import add_db_parser
+
+    add_db_parser(sub)
 
     demo = sub.add_parser(
         "demo",

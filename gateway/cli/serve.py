@@ -1,7 +1,8 @@
 """``gateway serve``: validate the policy, bind the port, run the workers under uvicorn.
 
 The port is bound before any worker starts the app, so a port in use is a one-line error
-and an exit, never a half-started process.
+and an exit, never a half-started process; so is a ledger database whose schema this gateway
+does not know (``gateway db migrate`` first).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import uvicorn
 from uvicorn.supervisors import Multiprocess
 
 from gateway.app.factory import CONFIG_ENV
+from gateway.cli.db import check_ledger_schema
 from gateway.config import load_policy
 from gateway.http.uvicorn import uvicorn_options
 
@@ -40,6 +42,9 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(config: str, host: str, port: int, workers: int) -> None:
     """Validate the policy and bind the port (fail fast with a clear message), then serve."""
     policy = load_policy(config)
+    problem = check_ledger_schema(policy)
+    if problem is not None:
+        raise SystemExit(f"gateway: {problem}")
     os.environ[CONFIG_ENV] = str(Path(config).resolve())
     sock = bind(host, port)
     # uvicorn re-raises SIGTERM/SIGINT with the handlers it found once it has drained; finding

@@ -57,8 +57,8 @@ def add_usage_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     usage = sub.add_parser(
         "usage",
         help="export usage records, reconcile aggregates",
-        description="Read the usage ledger of the policy's store (Redis from $GATEWAY_REDIS_URL, "
-        "else the local spool directory store.spool_dir).",
+        description="Read the usage ledger of the policy's store (the database of "
+        "$GATEWAY_LEDGER_URL, else SQLite at <store.data_dir>/ledger.db).",
     )
     usage_sub = usage.add_subparsers(dest="usage_command", required=True, metavar="ACTION")
     export = usage_sub.add_parser("export", help="stream records of a time range")

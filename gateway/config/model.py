@@ -392,9 +392,25 @@ class Store(_Base, frozen=True):
     processes: PositiveInt = 1
     #: where managed API keys live without Redis (a JSON file); default: no managed keys
     keys_file: str | None = None
-    #: the local spool for usage records when Redis is away (and the ledger without Redis)
+    #: environment variable holding the ledger database URL (postgresql://... or
+    #: sqlite:///path); unset = SQLite at ``<data_dir>/ledger.db``
+    ledger_url_env: str = "GATEWAY_LEDGER_URL"
+    #: this process's own files: the embedded SQLite ledger (``ledger.db``)
+    data_dir: str = "./gateway-data"
+    #: "commit": a response's last bytes go out only once its usage record is durable
+    #: (committed, or fsync'd to the spool; one commit serves every request that finished
+    #: meanwhile); "buffered": records are flushed every 50 ms after the response, and a
+    #: SIGKILL may lose the last ~50 ms of them
+    ledger_durability: Literal["commit", "buffered"] = "commit"
+    #: apply missing ledger schema migrations at start (else run ``gateway db migrate``;
+    #: the embedded SQLite ledger always migrates its own file)
+    ledger_migrate: bool = False
+    #: bound of one ledger flush (a transaction) before its records go to the spool, seconds
+    ledger_timeout: PositiveFloat = 2.0
+    #: the local spool: usage records wait here (fsync'd) while the ledger database is away
     spool_dir: str = "./gateway-spool"
-    #: days usage records (day streams and day totals) are kept; month totals: 400 days
+    #: days raw usage records are kept (whole day partitions are dropped); the hourly
+    #: rollups that usage queries read are kept
     usage_retention_days: PositiveInt = 90
     #: days a request id is remembered so a replayed record is not counted twice (~100 bytes
     #: of Redis memory per request for this long)

@@ -44,6 +44,8 @@ COUNTERS = (
     "prompt_total",
     "cost_micros",
     "estimated",
+    "cache_write",
+    "reasoning",
 )
 GROUP_DIMENSIONS = frozenset({"day", "month", "model", "class", "batch"})
 
@@ -71,6 +73,9 @@ class UsageRow(msgspec.Struct, kw_only=True):
     cost_micros: int = 0
     #: requests whose tokens were the gateway's estimate
     estimated: int = 0
+    #: of ``prompt_total``, tokens written to the backend's cache; of ``output``, reasoning
+    cache_write: int = 0
+    reasoning: int = 0
 
 
 def _escape(name: str) -> str:
@@ -101,6 +106,8 @@ def counters_of(record: UsageRecord) -> tuple[int, ...]:
         r.prompt_total,
         r.cost_micros,
         int(r.estimated),
+        r.cache_write,
+        r.reasoning,
     )
 
 

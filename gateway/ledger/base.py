@@ -1,15 +1,21 @@
 """The ledger interface, and the write path both stores share: buffer, flusher, drain.
 
-``write`` never waits on I/O: it appends the record to an in-process list and returns (a
-microsecond or two). A background flusher hands the list to the store every
+``write_nowait`` never waits on I/O: it appends the record to an in-process list and returns
+(a microsecond or two). A background flusher hands the list to the store every
 ``flush_interval`` seconds, or at once when ``batch_size`` records are waiting. ``close``
 stops the flusher and drains what is left, so a normal shutdown (SIGTERM -> lifespan exit)
 loses nothing.
 
-Durability window, stated plainly: a record is durable once its batch is stored in Redis
-or fsync'd to the spool. Between ``write`` returning and that moment (``flush_interval``
-plus one flush, ~50-60 ms; ``stats.max_lag_ms`` measures it) a SIGKILL, OOM kill or power
-loss loses it. Every other exit path goes through ``close``.
+``write_durable`` is the group commit: it queues the record the same way and returns a future
+that completes once the record is durable (committed to the store, or fsync'd to the spool).
+It wakes the flusher at once; records written while a flush is in flight wait for the next
+one, so one commit (one fsync) serves every request that finished during the previous one.
+The pipeline sends a response's last bytes only after that future completes, so a SIGKILL
+can only lose records whose clients did not receive a complete response.
+
+With ``write_nowait`` alone, a record is durable ``flush_interval`` plus one flush after
+``write`` (~50-60 ms; ``stats.max_lag_ms`` measures it): a SIGKILL, OOM kill or power loss in
+that window loses it. Every other exit path goes through ``close``.
 
 A store implements ``_store`` (make a batch durable somewhere, or raise) and the reads
 (``_read_totals``, ``_day_records``, ``tenants``); usage rows, exports and reconciliation are
@@ -98,6 +104,7 @@ class Ledger(abc.ABC):
         self.settings = settings or LedgerSettings()
         self.stats = LedgerStats()
         self._buffer: list[UsageRecord] = []
+        self._waiters: list[asyncio.Future[None]] = []
         self._oldest_ns = 0
         self._wake = asyncio.Event()
         self._flush_lock = asyncio.Lock()
@@ -119,6 +126,18 @@ class Ledger(abc.ABC):
         if len(buffer) >= self.settings.batch_size:
             self._wake.set()
 
+    def write_durable(self, record: UsageRecord) -> asyncio.Future[None]:
+        """Queue one record and flush as soon as the store is free: the future completes
+        when the record is durable (never with an error: a store that fails spools)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self.write_nowait(record)
+        if self._closed:  # written to the spool synchronously by write_nowait
+            waiter.set_result(None)
+        else:
+            self._waiters.append(waiter)
+            self._wake.set()
+        return waiter
+
     async def write(self, record: UsageRecord) -> None:
         """``write_nowait`` as a coroutine; it never suspends, so a cancelled caller's
         ``finally`` cannot be interrupted inside it."""
@@ -133,21 +152,30 @@ class Ledger(abc.ABC):
         """Start the flusher (and the store's own tasks)."""
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._run_flusher(), name="ledger-flusher")
-            await self._start_store()
+            try:
+                await self._start_store()
+            except BaseException:  # a refused start (a schema this gateway does not know)
+                self._flusher.cancel()
+                self._flusher = None
+                raise
 
     async def flush(self) -> None:
         """Make every record written so far durable (stored or spooled) before returning."""
         async with self._flush_lock:
             while self._buffer:
-                batch, oldest = self._buffer, self._oldest_ns
-                self._buffer = []
+                batch, oldest, waiters = self._buffer, self._oldest_ns, self._waiters
+                self._buffer, self._waiters = [], []
                 try:
                     await self._store(batch)
                 except BaseException:
                     self.stats.flush_errors += 1
                     self._buffer[:0] = batch  # nothing is dropped: next tick tries again
+                    self._waiters[:0] = waiters
                     self._oldest_ns = oldest
                     raise
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
                 lag = (time.monotonic_ns() - oldest) / 1e6
                 self.stats.flushes += 1
                 self.stats.last_lag_ms = lag
@@ -170,6 +198,10 @@ class Ledger(abc.ABC):
             log.exception("ledger drain failed; writing %d records to the spool", self.pending)
             self._write_late(self._buffer)
             self._buffer = []
+        for waiter in self._waiters:  # durable now, one way or the other
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters = []
         await self._close_store()
 
     async def _run_flusher(self) -> None:

@@ -12,6 +12,11 @@ then waiting in ``send`` for the client to read, that wait is cancelled. The res
 unfinished, so the server protocol closes the connection, and the caller's ``finally`` closes
 the backend response and releases the slot.
 
+The response's end waits for ``finish`` (the pipeline's meter-and-record step: the usage
+record made durable, see ``gateway/ledger/base.py``): a whole body is sent only after it, a
+stream's ``data: [DONE]`` event and its final chunk only after it. So a client that received
+a complete response has a usage record on disk, whatever happens to the process next.
+
 What of a backend's error answer reaches the client:
 
 * 4xx bodies are relayed (they say what was wrong with the request: a context too long, a bad
@@ -34,6 +39,8 @@ from gateway.upstream.forward import log_error_body, scrub
 from gateway.upstream.translate import as_gateway_error
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from gateway.accounting import StreamScanner
     from gateway.context import RequestContext
     from gateway.types import RawHeaders, Send
@@ -41,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["relay_response"]
 
+_DONE = b"data: [DONE]"
 _DEADLINE_ERROR = "total timeout: the client did not read the response in time"
 
 
@@ -94,6 +102,7 @@ async def relay_response(
     send: Send,
     extra: RawHeaders,
     scanner: StreamScanner | None = None,
+    finish: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Send the backend's answer to the client; raises GatewayError before the first byte only.
 
@@ -109,9 +118,9 @@ async def relay_response(
     guarded = _Guarded(send, forwarded.deadline)
     try:
         if response.is_stream and status < 400:
-            await _relay_stream(forwarded, ctx, guarded, extra, scanner)
+            await _relay_stream(forwarded, ctx, guarded, extra, scanner, finish)
         else:
-            await _relay_whole(forwarded, ctx, guarded, extra)
+            await _relay_whole(forwarded, ctx, guarded, extra, finish)
     except _Expired:
         ctx.outcome, ctx.error = "failed", _DEADLINE_ERROR
     finally:
@@ -119,7 +128,11 @@ async def relay_response(
 
 
 async def _relay_whole(
-    forwarded: Forwarded, ctx: RequestContext, send: _Guarded, extra: RawHeaders
+    forwarded: Forwarded,
+    ctx: RequestContext,
+    send: _Guarded,
+    extra: RawHeaders,
+    finish: Callable[[], Awaitable[None]] | None,
 ) -> None:
     response = forwarded.response
     status = response.status
@@ -134,9 +147,14 @@ async def _relay_whole(
         body = scrub(body, forwarded.backend)
         headers = [(n, v) for n, v in headers if n.lower() != b"content-length"]
     headers.append((b"content-length", str(len(body)).encode()))
+    if finish is not None:  # the record is durable before any of the answer goes out
+        ctx.outcome = "completed"
+        ctx.first_token_ns = ctx.finished_ns = time.perf_counter_ns()
+        await finish()
     ctx.response_started = True
     await send({"type": "http.response.start", "status": status, "headers": headers})
-    ctx.first_token_ns = time.perf_counter_ns()
+    if finish is None:
+        ctx.first_token_ns = time.perf_counter_ns()
     await send({"type": "http.response.body", "body": body, "more_body": False})
     ctx.finished_ns = time.perf_counter_ns()
     ctx.outcome = "completed"
@@ -148,8 +166,10 @@ async def _relay_stream(
     send: _Guarded,
     extra: RawHeaders,
     scanner: StreamScanner | None,
+    finish: Callable[[], Awaitable[None]] | None,
 ) -> None:
     response = forwarded.response
+    held = b""  # the [DONE] event and what follows it: sent after ``finish``
     ctx.response_started = True
     await send({"type": "http.response.start", "status": response.status,
                 "headers": response.headers + extra})
@@ -165,10 +185,18 @@ async def _relay_stream(
                 ctx.first_token_ns = time.perf_counter_ns()
             chunks += 1
             out = scanner.feed(chunk) if scanner is not None else chunk
+            if finish is not None and (held or (at := out.find(_DONE)) >= 0):
+                if held:
+                    held += out
+                    continue
+                out, held = out[:at], out[at:]
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
         if scanner is not None and (tail := scanner.flush()):
-            await send({"type": "http.response.body", "body": tail, "more_body": True})
+            if held:
+                held += tail
+            else:
+                await send({"type": "http.response.body", "body": tail, "more_body": True})
     except UpstreamError as exc:
         ctx.outcome, ctx.error = "failed", str(exc)
         if response.is_event_stream:
@@ -183,5 +211,8 @@ async def _relay_stream(
     finally:
         ctx.output_chunks = chunks
         ctx.last_chunk_ns = time.perf_counter_ns()
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    if finish is not None:
+        ctx.finished_ns = ctx.last_chunk_ns
+        await finish()
+    await send({"type": "http.response.body", "body": held, "more_body": False})
     ctx.finished_ns = time.perf_counter_ns()

@@ -23,7 +23,7 @@ def test_port_in_use_with_redis_exits_at_once(redis_proc: RedisProc, tmp_path: P
     started."""
     config = tmp_path / "policy.yaml"
     data = policy({"chat": ["http://127.0.0.1:9"]})
-    data["store"] = {"spool_dir": str(tmp_path / "spool")}
+    data["store"] = {"spool_dir": str(tmp_path / "spool"), "data_dir": str(tmp_path / "data")}
     config.write_text(yaml.safe_dump(data))
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gateway.ledger import Ledger, LedgerSettings, MemoryLedger, RedisLedger, UsageRecord
+from gateway.ledger.sql.sqlite import SqliteLedger
 from tests.ledger.servers import RedisProc
 
 LedgerFactory = Callable[..., Awaitable[Ledger]]
@@ -33,7 +34,7 @@ def own_redis(tmp_path: Path) -> Iterator[RedisProc]:
     proc.stop()
 
 
-@pytest.fixture(params=["memory", "redis", "redis-py", "cluster"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "redis-py", "cluster"])
 async def make_ledger(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[LedgerFactory]:
@@ -53,6 +54,8 @@ async def make_ledger(
         ledger: Ledger
         if kind == "memory":
             ledger = MemoryLedger(spool, settings=config)
+        elif kind == "sqlite":
+            ledger = SqliteLedger(tmp_path / "ledger.db", spool_dir=spool, settings=config)
         else:
             ledger = RedisLedger.from_url(
                 url, spool_dir=spool, cluster=kind == "cluster", timeout=TIMEOUT,

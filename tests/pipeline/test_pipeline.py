@@ -39,7 +39,7 @@ async def gateway(sim: SimServer, tmp_path: Path) -> AsyncIterator[Gateway]:
     data["plans"] = [{"name": "p", "limits": {"rpm": 3, "tpm": 100_000}}]
     data["tenants"] = [{"name": "acme", "plan": "p"}]
     data["prices"] = {"models": {"chat-model": {"input": "1", "output": "2"}}}
-    data["store"] = {"spool_dir": str(tmp_path / "spool")}
+    data["store"] = {"spool_dir": str(tmp_path / "spool"), "data_dir": str(tmp_path / "data")}
     gw = Gateway(parse_policy(data))
     await gw.start()
     try:

@@ -1,0 +1,169 @@
+"""Versioned schema migrations for both dialects, how they are applied, and the start-up check.
+
+Each migration is frozen once released: a change to the schema is a new migration, never an
+edit of an old one, so a database at any version reaches the current one the same way. The
+applied versions are rows of ``gateway_schema``; ``migrate`` applies the missing ones in order,
+each in its own transaction (PostgreSQL: under an advisory lock, so replicas started together
+migrate once). ``check_version`` is the start-up check: a gateway refuses to run against a
+schema older than it needs (run ``gateway db migrate``) or newer than it knows (a newer gateway
+migrated it: upgrade this one).
+
+1. ``usage_records``: one row per record, keyed ``(day, request_id)``; in PostgreSQL
+   partitioned by range of ``day`` (the stores create each day's partition as records for it
+   arrive, and drop whole partitions past retention).
+2. ``usage_hourly``: the rollups, back-filled from the records already there; maintained from
+   then on in the same transaction as the records (PostgreSQL: the store's insert statement;
+   SQLite: a trigger on insert).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.ledger.errors import LedgerError
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Dialect", "Migration", "SchemaMismatch", "verdict"]
+
+Dialect = Literal["postgresql", "sqlite"]
+
+
+class SchemaMismatch(LedgerError):
+    """The database's schema is not the one this gateway was built for."""
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    postgresql: str
+    sqlite: str
+
+    def script(self, dialect: Dialect) -> str:
+        return self.postgresql if dialect == "postgresql" else self.sqlite
+
+
+# -- 1: the records -------------------------------------------------------------------------
+def _record_columns(text: str, bigint: str, integer: str, real: str, boolean: str) -> str:
+    tokens = " ".join(f'"{c}" {integer} NOT NULL DEFAULT 0,' for c in (
+        "system", "history", "new", "tools", "cached", "cache_write", "output", "reasoning",
+        "prompt_total"))
+    costs = " ".join(f"{c} {bigint} NOT NULL DEFAULT 0," for c in (
+        "cost_micros", "cost_system", "cost_history", "cost_new", "cost_tools", "cost_output",
+        "cost_reasoning", "cost_cached", "cost_cache_write"))
+    return f"""
+    request_id {text} NOT NULL, ts_ms {bigint} NOT NULL, tenant {text} NOT NULL,
+    team {text}, organization {text}, key_id {text}, model {text} NOT NULL,
+    upstream_model {text}, request_class {text} NOT NULL, pool {text}, backend {text},
+    version {text}, batch_id {text}, attempts {integer} NOT NULL DEFAULT 0,
+    status {integer} NOT NULL DEFAULT 0, outcome {text} NOT NULL,
+    {tokens}
+    estimated {boolean} NOT NULL DEFAULT FALSE,
+    ttft_ms {real}, tpot_ms {real}, duration_ms {real},
+    {costs}
+    currency {text} NOT NULL DEFAULT 'USD'"""
+
+
+_SCHEMA_TABLE_PG = """
+CREATE TABLE IF NOT EXISTS gateway_schema (
+    version integer PRIMARY KEY, name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now());
+"""
+_SCHEMA_TABLE_SQLITE = """
+CREATE TABLE IF NOT EXISTS gateway_schema (
+    version INTEGER PRIMARY KEY, name TEXT NOT NULL,
+    applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')));
+"""
+
+_RECORDS_PG = f"""
+CREATE TABLE usage_records (
+    day date NOT NULL,
+    {_record_columns("text", "bigint", "integer", "double precision", "boolean")},
+    PRIMARY KEY (day, request_id)
+) PARTITION BY RANGE (day);
+CREATE INDEX usage_records_tenant_ts ON usage_records (tenant, ts_ms);
+"""
+_RECORDS_SQLITE = f"""
+CREATE TABLE usage_records (
+    day TEXT NOT NULL,
+    {_record_columns("TEXT", "INTEGER", "INTEGER", "REAL", "INTEGER")},
+    PRIMARY KEY (day, request_id)
+) WITHOUT ROWID;
+CREATE INDEX usage_records_tenant_ts ON usage_records (tenant, ts_ms);
+"""
+
+
+# -- 2: the hourly rollups --------------------------------------------------------------------
+_KEYS = ("tenant", "key_id", "model", "request_class", "version", "batch_id", "team",
+         "organization")
+_SUMMED = ("system", "history", "new", "tools", "cached", "cache_write", "output",
+           "reasoning", "prompt_total", "cost_micros", "cost_system", "cost_history",
+           "cost_new", "cost_tools", "cost_output", "cost_reasoning", "cost_cached",
+           "cost_cache_write")
+_COUNTERS = ("requests", "failed", "estimated", *_SUMMED)
+
+
+def _rollup_table(text: str, bigint: str) -> str:
+    keys = " ".join(f"{k} {text} NOT NULL DEFAULT ''," for k in _KEYS)
+    counters = ", ".join(f'"{c}" {bigint} NOT NULL DEFAULT 0' for c in _COUNTERS)
+    return f"""
+CREATE TABLE usage_hourly (
+    hour_ms {bigint} NOT NULL, {keys} {counters},
+    PRIMARY KEY (tenant, hour_ms, key_id, model, request_class, version, batch_id, team,
+                 organization));
+"""
+
+
+def _backfill(estimated: str) -> str:
+    sums = ", ".join(f'sum("{c}")' for c in _SUMMED)
+    keys = ", ".join(f"coalesce({k}, '')" for k in _KEYS)
+    return f"""
+INSERT INTO usage_hourly (hour_ms, {", ".join(_KEYS)}, {", ".join(f'"{c}"' for c in _COUNTERS)})
+SELECT ts_ms - ts_ms % 3600000, {keys}, count(*),
+       sum(CASE WHEN outcome <> 'completed' THEN 1 ELSE 0 END),
+       sum(CASE WHEN {estimated} THEN 1 ELSE 0 END), {sums}
+FROM usage_records
+GROUP BY ts_ms - ts_ms % 3600000, {keys};
+"""
+
+
+def _sqlite_trigger() -> str:
+    keys = ", ".join(f"coalesce(NEW.{k}, '')" for k in _KEYS)
+    values = ", ".join(f'NEW."{c}"' for c in _SUMMED)
+    updates = ", ".join(f'"{c}" = "{c}" + excluded."{c}"' for c in _COUNTERS)
+    return f"""
+CREATE TRIGGER usage_hourly_on_insert AFTER INSERT ON usage_records BEGIN
+INSERT INTO usage_hourly (hour_ms, {", ".join(_KEYS)}, {", ".join(f'"{c}"' for c in _COUNTERS)})
+VALUES (NEW.ts_ms - NEW.ts_ms % 3600000, {keys}, 1,
+        CASE WHEN NEW.outcome <> 'completed' THEN 1 ELSE 0 END,
+        CASE WHEN NEW.estimated THEN 1 ELSE 0 END, {values})
+ON CONFLICT (tenant, hour_ms, key_id, model, request_class, version, batch_id, team,
+             organization) DO UPDATE SET {updates};
+END;
+"""
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "usage records", _SCHEMA_TABLE_PG + _RECORDS_PG,
+              _SCHEMA_TABLE_SQLITE + _RECORDS_SQLITE),
+    Migration(2, "hourly rollups", _rollup_table("text", "bigint") + _backfill("estimated"),
+              _rollup_table("TEXT", "INTEGER") + _backfill("estimated") + _sqlite_trigger()),
+)
+
+#: the schema version this gateway reads and writes
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+def verdict(applied: int) -> str | None:
+    """None when a database at version ``applied`` is usable, else why not (the message a
+    refused start-up shows)."""
+    if applied == SCHEMA_VERSION:
+        return None
+    if applied > SCHEMA_VERSION:
+        return (f"the ledger database is at schema version {applied}, newer than this gateway "
+                f"knows ({SCHEMA_VERSION}): a newer gateway migrated it; upgrade this one")
+    if applied == 0:
+        return ("the ledger database has no gateway schema: run `gateway db migrate` "
+                f"(schema version {SCHEMA_VERSION}) before starting the gateway")
+    return (f"the ledger database is at schema version {applied}, this gateway needs "
+            f"{SCHEMA_VERSION}: run `gateway db migrate`")

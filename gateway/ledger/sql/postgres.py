@@ -1,0 +1,279 @@
+"""The ledger of record in PostgreSQL (asyncpg).
+
+A flush is one statement in one transaction: the batch travels as one array per column
+(``unnest``: asyncpg's binary encoding, one round trip for hundreds of records), the records
+are inserted with ``ON CONFLICT (day, request_id) DO NOTHING``, and the ones that were new are
+summed into ``usage_hourly`` with ``ON CONFLICT ... DO UPDATE`` in the same statement, groups
+in key order so replicas flushing at once lock rollup rows in one order and cannot deadlock.
+A commit is PostgreSQL's acknowledgement: durable under its own ``synchronous_commit``.
+
+``usage_records`` is partitioned by day. A day's partition is created the first time a batch
+holds a record of that day (under an advisory lock, so replicas create it once) and dropped
+whole once the day is past retention: expiry never deletes row by row.
+
+Why asyncpg and not psycopg 3: ``loadtest/bench/ledger_drivers.py`` measures both on this
+write path (see its docstring for the figures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import date, timedelta
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from gateway.ledger.errors import LedgerUnavailable
+from gateway.ledger.record import UsageRecord
+from gateway.ledger.sql.migrations import MIGRATIONS
+from gateway.ledger.sql.schema import RECORD_COLUMNS, ROLLUP_KEYS, quoted, record_row
+from gateway.ledger.sql.store import SqlLedger, TotalsRow
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from gateway.ledger.base import LedgerSettings
+
+__all__ = ["PostgresLedger", "is_outage"]
+
+_EPOCH = date(1970, 1, 1)
+#: advisory lock keys (any two fixed 64-bit numbers of this gateway's own)
+_MIGRATE_LOCK = 0x6761_7465_7761_7901
+_PARTITION_LOCK = 0x6761_7465_7761_7902
+
+#: the SQL type of each record column, for the arrays of the insert
+_TYPES = {
+    "request_id": "text", "ts_ms": "bigint", "tenant": "text", "team": "text",
+    "organization": "text", "key_id": "text", "model": "text", "upstream_model": "text",
+    "request_class": "text", "pool": "text", "backend": "text", "version": "text",
+    "batch_id": "text", "attempts": "integer", "status": "integer", "outcome": "text",
+    "estimated": "boolean", "ttft_ms": "float8", "tpot_ms": "float8", "duration_ms": "float8",
+    "currency": "text",
+}
+_SUMMED = ("system", "history", "new", "tools", "cached", "cache_write", "output",
+           "reasoning", "prompt_total", "cost_micros", "cost_system", "cost_history",
+           "cost_new", "cost_tools", "cost_output", "cost_reasoning", "cost_cached",
+           "cost_cache_write")
+_COUNTERS = ("requests", "failed", "estimated", *_SUMMED)
+
+
+def _type(column: str) -> str:
+    return _TYPES.get(column, "bigint" if column.startswith("cost") else "integer")
+
+
+def _insert_statement() -> str:
+    arrays = ", ".join(f"${i + 2}::{_type(c)}[]" for i, c in enumerate(RECORD_COLUMNS))
+    group = ", ".join(f"coalesce({k}, '')" for k in ROLLUP_KEYS)
+    sums = ", ".join(f'sum("{c}")' for c in _SUMMED)
+    updates = ", ".join(f'"{c}" = usage_hourly."{c}" + excluded."{c}"' for c in _COUNTERS)
+    positions = ", ".join(str(i + 1) for i in range(len(ROLLUP_KEYS) + 1))
+    return f"""
+WITH input AS (
+    SELECT * FROM unnest($1::integer[], {arrays}) AS t(day_n, {quoted(RECORD_COLUMNS)})
+), new AS (
+    INSERT INTO usage_records (day, {quoted(RECORD_COLUMNS)})
+    SELECT DATE '1970-01-01' + day_n, {quoted(RECORD_COLUMNS)} FROM input
+    ON CONFLICT (day, request_id) DO NOTHING
+    RETURNING *
+), rolled AS (
+    INSERT INTO usage_hourly (hour_ms, {", ".join(ROLLUP_KEYS)}, {quoted(_COUNTERS)})
+    SELECT ts_ms - ts_ms % 3600000, {group}, count(*),
+           sum(CASE WHEN outcome <> 'completed' THEN 1 ELSE 0 END),
+           sum(CASE WHEN estimated THEN 1 ELSE 0 END), {sums}
+    FROM new GROUP BY {positions} ORDER BY {positions}
+    ON CONFLICT (tenant, hour_ms, key_id, model, request_class, version, batch_id, team,
+                 organization) DO UPDATE SET {updates}
+)
+SELECT count(*) FROM new
+"""
+
+
+_INSERT = _insert_statement()
+_TOTALS = """
+SELECT hour_ms / 86400000, model, request_class, batch_id, sum(requests), sum(system),
+       sum(history), sum("new"), sum(tools), sum(cached), sum(output), sum(prompt_total),
+       sum(cost_micros), sum(estimated), sum(cache_write), sum(reasoning)
+FROM usage_hourly WHERE tenant = $1 AND hour_ms >= $2 AND hour_ms < $3
+GROUP BY 1, 2, 3, 4
+"""
+_RECORDS = (f"SELECT {quoted(RECORD_COLUMNS)} FROM usage_records "
+            "WHERE day = $1 AND tenant = $2 ORDER BY ts_ms, request_id")
+_PARTITIONS = """
+SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'usage_records'
+"""
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True for a database that is away (refused, reset, shutting down, out of resources),
+    as opposed to one that refused the statement."""
+    return isinstance(exc, (
+        OSError,
+        TimeoutError,
+        asyncpg.PostgresConnectionError,
+        asyncpg.InterfaceError,
+        asyncpg.exceptions.OperatorInterventionError,  # 57: admin shutdown, cannot connect now
+        asyncpg.exceptions.InsufficientResourcesError,  # 53: disk full, too many connections
+    ))
+
+
+def partition_name(day: date) -> str:
+    return f"usage_records_{day:%Y%m%d}"
+
+
+class PostgresLedger(SqlLedger):
+    """Usage records in PostgreSQL.
+
+    Args:
+        dsn: ``postgresql://...``.
+        spool_dir: where records wait while the database is away (local disk).
+        settings: batching and retention.
+        migrate: apply missing migrations at start instead of refusing to start.
+        pool_size: connections at most (flushes run one at a time; reads and replay share).
+        connect_timeout: bound of one connection attempt, seconds.
+    """
+
+    dialect = "postgresql"
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        spool_dir: str | os.PathLike[str],
+        settings: LedgerSettings | None = None,
+        migrate: bool = False,
+        deadline: float = 2.0,
+        pool_size: int = 4,
+        connect_timeout: float = 2.0,
+    ) -> None:
+        super().__init__(spool_dir=spool_dir, settings=settings, deadline=deadline,
+                         migrate=migrate)
+        self._dsn = dsn
+        self._pool_size = pool_size
+        self._connect_timeout = connect_timeout
+        self._pool: asyncpg.Pool | None = None
+        self._pool_lock = asyncio.Lock()
+        self._partitions: set[int] = set()
+
+    # -- connections -----------------------------------------------------------------------
+
+    async def _get_pool(self) -> asyncpg.Pool:
+        pool = self._pool
+        if pool is not None:
+            return pool
+        async with self._pool_lock:
+            if self._pool is None:
+                try:
+                    self._pool = await asyncpg.create_pool(
+                        self._dsn, min_size=1, max_size=self._pool_size,
+                        timeout=self._connect_timeout, command_timeout=None,
+                        server_settings={"application_name": "llm-gateway-ledger"})
+                except Exception as exc:
+                    if is_outage(exc):
+                        raise LedgerUnavailable(f"postgresql: {exc}") from exc
+                    raise
+            return self._pool
+
+    async def _run(self, method: str, query: str, *args: Any) -> Any:
+        """One statement on a pooled connection; an outage becomes ``LedgerUnavailable``."""
+        pool = await self._get_pool()
+        try:
+            async with pool.acquire(timeout=self._connect_timeout) as conn:
+                return await getattr(conn, method)(query, *args)
+        except Exception as exc:
+            if is_outage(exc):
+                raise LedgerUnavailable(f"postgresql: {type(exc).__name__}: {exc}") from exc
+            raise
+
+    async def _connect(self) -> None:
+        await self._get_pool()
+
+    async def _disconnect(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    # -- schema ------------------------------------------------------------------------------
+
+    async def applied_version(self) -> int:
+        exists = await self._run("fetchval", "SELECT to_regclass('gateway_schema')")
+        if exists is None:
+            return 0
+        return int(await self._run("fetchval", "SELECT coalesce(max(version), 0) "
+                                               "FROM gateway_schema") or 0)
+
+    async def migrate(self) -> list[int]:
+        pool = await self._get_pool()
+        done: list[int] = []
+        async with pool.acquire() as conn:
+            for migration in MIGRATIONS:
+                async with conn.transaction():
+                    await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATE_LOCK)
+                    table = await conn.fetchval("SELECT to_regclass('gateway_schema')")
+                    applied = 0 if table is None else await conn.fetchval(
+                        "SELECT coalesce(max(version), 0) FROM gateway_schema")
+                    if applied >= migration.version:
+                        continue
+                    await conn.execute(migration.postgresql)
+                    await conn.execute("INSERT INTO gateway_schema (version, name) "
+                                       "VALUES ($1, $2)", migration.version, migration.name)
+                    done.append(migration.version)
+        return done
+
+    # -- writing -----------------------------------------------------------------------------
+
+    async def _insert(self, batch: Sequence[UsageRecord]) -> int:
+        rows = [record_row(r) for r in batch]
+        days = [r.ts_ms // 86_400_000 for r in batch]
+        missing = set(days) - self._partitions
+        if missing:
+            await self._make_partitions(missing)
+        columns = list(zip(*rows, strict=True))
+        new = await self._run("fetchval", _INSERT, days, *columns)
+        return self._counted(len(rows), int(new))
+
+    async def _make_partitions(self, day_numbers: set[int]) -> None:
+        pool = await self._get_pool()
+        try:
+            async with pool.acquire(timeout=self._connect_timeout) as conn, conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", _PARTITION_LOCK)
+                for n in sorted(day_numbers):
+                    day = _EPOCH + timedelta(days=n)
+                    await conn.execute(
+                        f"CREATE TABLE IF NOT EXISTS {partition_name(day)} PARTITION OF "
+                        f"usage_records FOR VALUES FROM ('{day}') TO "
+                        f"('{day + timedelta(days=1)}')")
+        except Exception as exc:
+            if is_outage(exc):
+                raise LedgerUnavailable(f"postgresql: {exc}") from exc
+            raise
+        self._partitions |= day_numbers
+
+    async def _probe(self) -> None:
+        await self._run("fetchval", "SELECT 1")
+
+    async def _expire(self, before_day: date) -> int:
+        names = [r[0] for r in await self._run("fetch", _PARTITIONS)]
+        cut = partition_name(before_day)
+        old = sorted(n for n in names if n.startswith("usage_records_") and n < cut)
+        for name in old:
+            await self._run("execute", f"DROP TABLE IF EXISTS {name}")
+        cut_n = (before_day - _EPOCH).days
+        self._partitions = {n for n in self._partitions if n >= cut_n}
+        return len(old)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def tenants(self) -> list[str]:
+        rows = await self._run("fetch", "SELECT DISTINCT tenant FROM usage_hourly "
+                                        "ORDER BY tenant")
+        return [str(r[0]) for r in rows]
+
+    async def _totals(self, tenant: str, lo_ms: int, hi_ms: int) -> list[TotalsRow]:
+        rows = await self._run("fetch", _TOTALS, tenant, lo_ms, hi_ms)
+        return [tuple(r) for r in rows]
+
+    async def _records(self, tenant: str, day: str) -> list[UsageRecord]:
+        rows = await self._run("fetch", _RECORDS, date.fromisoformat(day), tenant)
+        return [UsageRecord(**dict(r.items())) for r in rows]

@@ -1,0 +1,236 @@
+"""The embedded ledger of record: one SQLite file in the data directory.
+
+For a single host without a database server (``gateway demo``, ``gateway serve`` with no
+ledger URL). The file survives restarts. WAL journal with ``synchronous=FULL``: a commit is
+fsync'd, so a flush that returned is durable. SQLite's calls block, so they run in two threads
+of their own, one writer (one connection, so flushes never contend with each other in this
+process) and one reader; the event loop only hands batches over. Several processes on one host
+may share the file (WAL allows it; a writer waits up to ``busy_timeout`` for another's
+commit); replicas on several hosts need PostgreSQL.
+
+The rollups are kept by a trigger on insert (migration 2), in the same transaction as the
+records; ``INSERT OR IGNORE`` on ``(day, request_id)`` makes a replayed record a no-op that the
+trigger never sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from gateway.ledger.errors import LedgerUnavailable
+from gateway.ledger.record import UsageRecord
+from gateway.ledger.sql.migrations import MIGRATIONS
+from gateway.ledger.sql.schema import RECORD_COLUMNS, quoted, record_row
+from gateway.ledger.sql.store import SqlLedger, TotalsRow
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from datetime import date
+
+    from gateway.ledger.base import LedgerSettings
+
+__all__ = ["SqliteLedger", "split_script"]
+
+_T = TypeVar("_T")
+
+_INSERT = (f"INSERT OR IGNORE INTO usage_records (day, {quoted(RECORD_COLUMNS)}) "
+           f"VALUES ({', '.join('?' * (len(RECORD_COLUMNS) + 1))})")
+_TOTALS = """
+SELECT hour_ms / 86400000, model, request_class, batch_id, sum(requests), sum(system),
+       sum(history), sum("new"), sum(tools), sum(cached), sum(output), sum(prompt_total),
+       sum(cost_micros), sum(estimated), sum(cache_write), sum(reasoning)
+FROM usage_hourly WHERE tenant = ? AND hour_ms >= ? AND hour_ms < ?
+GROUP BY 1, 2, 3, 4
+"""
+_RECORDS = (f"SELECT {quoted(RECORD_COLUMNS)} FROM usage_records "
+            "WHERE day = ? AND tenant = ? ORDER BY ts_ms, request_id")
+_ESTIMATED = RECORD_COLUMNS.index("estimated")
+
+
+def split_script(script: str) -> list[str]:
+    """A migration script as single statements (a trigger's body stays whole), so they can
+    run inside one explicit transaction (``executescript`` would commit it first)."""
+    statements: list[str] = []
+    current = ""
+    for line in script.splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            if current.strip():
+                statements.append(current.strip())
+            current = ""
+    if current.strip():
+        raise ValueError(f"incomplete SQL statement: {current.strip()[:80]!r}")
+    return statements
+
+
+class SqliteLedger(SqlLedger):
+    """Usage records in a SQLite file.
+
+    Args:
+        path: the database file (created, with its directory, when missing).
+        spool_dir: where records wait if the file cannot be written (a full disk).
+        settings: batching and retention.
+        migrate: apply missing migrations at start (the embedded default does: its file is
+            the gateway's own).
+    """
+
+    dialect = "sqlite"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        spool_dir: str | os.PathLike[str],
+        settings: LedgerSettings | None = None,
+        migrate: bool = True,
+        busy_timeout: float = 5.0,
+    ) -> None:
+        super().__init__(spool_dir=spool_dir, settings=settings, migrate=migrate,
+                         deadline=busy_timeout + 5.0)
+        self.path = Path(path)
+        self._busy_ms = int(busy_timeout * 1000)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="ledger-sqlite-w")
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="ledger-sqlite-r")
+        self._wconn: sqlite3.Connection | None = None
+        self._rconn: sqlite3.Connection | None = None
+
+    # -- connections (each used only on its own thread) ------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                               timeout=self._busy_ms / 1000)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+        return conn
+
+    def _w(self) -> sqlite3.Connection:
+        if self._wconn is None:
+            self._wconn = self._open()
+        return self._wconn
+
+    def _r(self) -> sqlite3.Connection:
+        if self._rconn is None:
+            self._rconn = self._open()
+        return self._rconn
+
+    async def _on(self, pool: ThreadPoolExecutor, fn: Callable[[], _T]) -> _T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, fn)
+        except sqlite3.OperationalError as exc:  # locked past busy_timeout, I/O error, full
+            raise LedgerUnavailable(f"sqlite: {exc}") from exc
+
+    async def _connect(self) -> None:
+        await self._on(self._writer, self._w)
+
+    async def _disconnect(self) -> None:
+        def close_w() -> None:
+            if self._wconn is not None:
+                self._wconn.close()
+                self._wconn = None
+
+        def close_r() -> None:
+            if self._rconn is not None:
+                self._rconn.close()
+                self._rconn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._writer, close_w)
+        await asyncio.get_running_loop().run_in_executor(self._reader, close_r)
+        self._writer.shutdown(wait=True)
+        self._reader.shutdown(wait=True)
+
+    # -- schema ----------------------------------------------------------------------------
+
+    async def applied_version(self) -> int:
+        return await self._on(self._writer, lambda: _applied(self._w()))
+
+    async def migrate(self) -> list[int]:
+        return await self._on(self._writer, lambda: _migrate(self._w()))
+
+    # -- writing and reading ----------------------------------------------------------------
+
+    async def _insert(self, batch: Sequence[UsageRecord]) -> int:
+        rows = [(r.day, *record_row(r)) for r in batch]
+        new = await self._on(self._writer, lambda: _insert_rows(self._w(), rows))
+        return self._counted(len(rows), new)
+
+    async def _probe(self) -> None:
+        await self._on(self._writer, lambda: self._w().execute("SELECT 1").fetchone())
+
+    async def _expire(self, before_day: date) -> int:
+        def run() -> int:
+            cur = self._w().execute("DELETE FROM usage_records WHERE day < ?",
+                                    (before_day.isoformat(),))
+            return cur.rowcount
+
+        return await self._on(self._writer, run)
+
+    async def tenants(self) -> list[str]:
+        rows = await self._on(self._reader, lambda: self._r().execute(
+            "SELECT DISTINCT tenant FROM usage_hourly ORDER BY tenant").fetchall())
+        return [str(r[0]) for r in rows]
+
+    async def _totals(self, tenant: str, lo_ms: int, hi_ms: int) -> list[TotalsRow]:
+        rows = await self._on(self._reader, lambda: self._r().execute(
+            _TOTALS, (tenant, lo_ms, hi_ms)).fetchall())
+        return [tuple(r) for r in rows]
+
+    async def _records(self, tenant: str, day: str) -> list[UsageRecord]:
+        rows = await self._on(self._reader, lambda: self._r().execute(
+            _RECORDS, (day, tenant)).fetchall())
+        return [_record(r) for r in rows]
+
+
+def _record(row: Sequence[Any]) -> UsageRecord:
+    values = dict(zip(RECORD_COLUMNS, row, strict=True))
+    values["estimated"] = bool(row[_ESTIMATED])
+    return UsageRecord(**values)
+
+
+def _insert_rows(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> int:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        new = conn.executemany(_INSERT, rows).rowcount
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return new
+
+
+def _applied(conn: sqlite3.Connection) -> int:
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'gateway_schema'").fetchone()
+    if exists is None:
+        return 0
+    row = conn.execute("SELECT max(version) FROM gateway_schema").fetchone()
+    return int(row[0] or 0)
+
+
+def _migrate(conn: sqlite3.Connection) -> list[int]:
+    """Apply each missing migration in its own write transaction (a second process waits for
+    the first and then finds nothing left to do)."""
+    done: list[int] = []
+    for migration in MIGRATIONS:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if _applied(conn) >= migration.version:
+                conn.execute("ROLLBACK")
+                continue
+            for statement in split_script(migration.sqlite):
+                conn.execute(statement)
+            conn.execute("INSERT INTO gateway_schema (version, name) VALUES (?, ?)",
+                         (migration.version, migration.name))
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        done.append(migration.version)
+    return done
+

@@ -1,0 +1,335 @@
+"""What the SQL stores share: into the database or the spool, replay, retention, the reads.
+
+A flush is one transaction: the batch's records are inserted with ``ON CONFLICT DO NOTHING``
+on ``(day, request_id)`` and the hourly rollups grow by the records that were new, so a record
+that reaches the database twice (a replayed spool, a retried batch line, two replicas) is one
+row and is counted once. When the database cannot be reached (refused, reset, no answer within
+``deadline``), the batch goes to the local spool (fsync'd: durable all the same) and the
+back-off keeps the next flushes from waiting on a dead server; a background task replays the
+spool once the database answers, and once at start for whatever a crashed process left. A
+batch the database refuses for its content (not an outage: a bug) is retried record by record
+and the records it still refuses are quarantined in the spool directory, never dropped.
+
+Reads answer from ``usage_hourly``: the totals of a day or a month are one indexed range of a
+tenant's rollup rows, whatever the number of records behind them.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from datetime import date, timedelta
+from typing import TYPE_CHECKING, Any
+
+from gateway.ledger.aggregate import COUNTERS, field_prefix
+from gateway.ledger.base import Ledger, LedgerSettings
+from gateway.ledger.errors import LedgerUnavailable
+from gateway.ledger.record import UsageRecord
+from gateway.ledger.spool import Spool
+from gateway.ledger.sql.migrations import SchemaMismatch, verdict
+from gateway.timers.backoff import Backoff
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Mapping, Sequence
+
+    from gateway.ledger.aggregate import Period
+    from gateway.ledger.sql.migrations import Dialect
+
+__all__ = ["SqlLedger", "TotalsRow"]
+
+log = logging.getLogger(__name__)
+
+_DAY_MS = 86_400_000
+#: (day number, model, class, batch, then ``aggregate.COUNTERS`` in order): the rollup sums of
+#: one group on one day
+TotalsRow = tuple[Any, ...]
+_FOUR_DAYS = timedelta(days=4)
+#: how often retention runs (and the next days' partitions are made)
+_MAINTAIN_EVERY = 3600.0
+
+
+class SqlLedger(Ledger):
+    """The shared part of the SQLite and PostgreSQL ledgers.
+
+    Args:
+        spool_dir: where records wait while the database is away (local disk).
+        settings: batching, retention and replay.
+        deadline: bound of one flush transaction, seconds (plus 1 ms per record).
+        migrate: apply missing migrations at start instead of refusing to start.
+    """
+
+    dialect: Dialect
+
+    def __init__(
+        self,
+        *,
+        spool_dir: str | os.PathLike[str],
+        settings: LedgerSettings | None = None,
+        deadline: float = 2.0,
+        migrate: bool = False,
+    ) -> None:
+        super().__init__(settings)
+        self.spool = Spool(spool_dir, max_segment_bytes=self.settings.spool_segment_bytes)
+        self._deadline = deadline
+        self._migrate = migrate
+        self._backoff = Backoff(maximum=2.0)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._replay_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        st = self.stats
+        return (
+            f"<{type(self).__name__} [{self._backoff!r} | pending: {self.pending} | "
+            f"stored: {st.stored} | duplicates: {st.duplicates} | spooled: {st.spooled} | "
+            f"replayed: {st.replayed}]>"
+        )
+
+    # -- what a dialect provides -----------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _connect(self) -> None:
+        """Open the connection(s); raise ``LedgerUnavailable`` when the database is away."""
+
+    @abc.abstractmethod
+    async def _disconnect(self) -> None:
+        """Close the connection(s)."""
+
+    @abc.abstractmethod
+    async def applied_version(self) -> int:
+        """The highest migration applied (0 for an empty database)."""
+
+    @abc.abstractmethod
+    async def migrate(self) -> list[int]:
+        """Apply the missing migrations in order; returns the versions applied."""
+
+    @abc.abstractmethod
+    async def _insert(self, batch: Sequence[UsageRecord]) -> int:
+        """Insert ``batch`` and add the new records to the rollups in one transaction;
+        returns how many were new. Raises ``LedgerUnavailable`` for an outage, anything
+        else for a refusal."""
+
+    @abc.abstractmethod
+    async def _probe(self) -> None:
+        """A cheap round trip; raises ``LedgerUnavailable`` when the database is away."""
+
+    @abc.abstractmethod
+    async def _expire(self, before_day: date) -> int:
+        """Delete the records of days before ``before_day`` (rollups are kept); returns how
+        many days (or partitions) went."""
+
+    @abc.abstractmethod
+    async def _totals(self, tenant: str, lo_ms: int, hi_ms: int) -> list[TotalsRow]:
+        """Rollup sums of ``tenant`` for hours in ``[lo_ms, hi_ms)``, grouped by day number,
+        model, class and batch (the ``TotalsRow`` shape)."""
+
+    @abc.abstractmethod
+    async def _records(self, tenant: str, day: str) -> list[UsageRecord]:
+        """One tenant's records of one UTC day, in time order."""
+
+    # -- start and stop --------------------------------------------------------------------
+
+    async def _start_store(self) -> None:
+        """Connect, check (or apply) the schema, start replay and retention. A database that
+        is down here only means the first batches are spooled; a wrong schema is an error."""
+        try:
+            await self._connect()
+            await self._check_schema()
+        except LedgerUnavailable as exc:
+            self._backoff.failure()
+            log.warning("ledger: database unavailable at start (%s); spooling until it "
+                        "answers", exc)
+        self._tasks = [
+            asyncio.create_task(self._run_replayer(), name="ledger-replayer"),
+            asyncio.create_task(self._run_maintenance(), name="ledger-retention"),
+        ]
+
+    async def _check_schema(self) -> None:
+        if self._migrate:
+            applied = await self.migrate()
+            if applied:
+                log.info("ledger: applied schema migrations %s", applied)
+        problem = verdict(await self.applied_version())
+        if problem is not None:
+            raise SchemaMismatch(problem)
+
+    async def _close_store(self) -> None:
+        async with self._replay_lock:  # never stop a replay half-way through a segment
+            for task in self._tasks:
+                task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        self.spool.close()
+        await self._disconnect()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    async def _store(self, batch: list[UsageRecord]) -> None:
+        if self._backoff.allow():
+            try:
+                await self._send(batch)
+                return
+            except LedgerUnavailable as exc:
+                log.warning("ledger: database unavailable, spooling %d records: %s",
+                            len(batch), exc)
+        await self.spool.append(batch)
+        self.stats.spooled += len(batch)
+
+    def _write_late(self, batch: list[UsageRecord]) -> None:
+        self.spool.append_sync(batch)
+        self.stats.spooled += len(batch)
+
+    async def _send(self, batch: list[UsageRecord]) -> int:
+        """Store ``batch`` (in transactions of ``batch_size``); returns how many were new.
+        Raises ``LedgerUnavailable`` (after starting the back-off) when the database is
+        away; chunks stored before that are deduplicated when the rest is resent."""
+        size = self.settings.batch_size
+        new = 0
+        for i in range(0, len(batch), size):
+            chunk = batch[i : i + size]
+            try:
+                async with asyncio.timeout(self._deadline + 0.001 * len(chunk)):
+                    new += await self._insert(chunk)
+            except (LedgerUnavailable, TimeoutError) as exc:
+                self._backoff.failure()
+                if isinstance(exc, TimeoutError):
+                    raise LedgerUnavailable("the database did not commit in time") from exc
+                raise
+            except Exception:
+                new += await self._one_by_one(chunk)
+        self._backoff.success()
+        return new
+
+    async def _one_by_one(self, chunk: list[UsageRecord]) -> int:
+        """A chunk the database refused: store what it takes, quarantine what it does not."""
+        new = 0
+        refused: list[UsageRecord] = []
+        for record in chunk:
+            try:
+                new += await self._insert([record])
+            except LedgerUnavailable:
+                raise
+            except Exception:
+                log.exception("ledger: the database refused record %s", record.request_id)
+                refused.append(record)
+        if refused:
+            path = self.spool.quarantine(refused)
+            log.error("ledger: %d records refused by the database; kept in %s",
+                      len(refused), path)
+        return new
+
+    def _counted(self, batch_size: int, new: int) -> int:
+        """Account a stored chunk in the stats; returns ``new``."""
+        self.stats.stored += new
+        self.stats.duplicates += batch_size - new
+        return new
+
+    # -- the spool ---------------------------------------------------------------------------
+
+    async def replay(self) -> int:
+        """Replay spooled records into the database; returns how many were new.
+
+        Stops at the first outage, keeping the rest for next time. Safe to run from several
+        processes and to repeat: segments are locked while replayed, records deduplicated.
+        """
+        async with self._replay_lock:
+            if not self.spool.segment_paths() or not self._backoff.allow():
+                return 0
+            try:
+                async with asyncio.timeout(self._deadline):
+                    await self._probe()
+            except (LedgerUnavailable, TimeoutError):
+                self._backoff.failure()
+                return 0
+            self._backoff.success()
+            self.spool.rotate()
+            new = 0
+            for claim in self.spool.claims():
+                try:
+                    new += await self._send(claim.records)
+                except LedgerUnavailable as exc:
+                    claim.release()
+                    log.warning("ledger: spool replay paused: %s", exc)
+                    break
+                except BaseException:
+                    claim.release()
+                    raise
+                self.stats.replayed += len(claim.records)
+                claim.done()
+            return new
+
+    async def _run_replayer(self) -> None:
+        while True:
+            try:
+                await self.replay()
+            except Exception:
+                log.exception("ledger: spool replay failed")
+            await asyncio.sleep(self.settings.replay_interval)
+
+    # -- retention -----------------------------------------------------------------------------
+
+    async def expire(self, today: date | None = None) -> int:
+        """Drop the records of days past ``retention_days`` (the rollups stay)."""
+        today = today or date.fromtimestamp(time.time())
+        cutoff = date.fromordinal(today.toordinal() - self.settings.retention_days)
+        return await self._expire(cutoff)
+
+    async def _run_maintenance(self) -> None:
+        while True:
+            try:
+                if self._backoff.allow():
+                    await self.expire()
+            except Exception:
+                log.exception("ledger: retention failed")
+            await asyncio.sleep(_MAINTAIN_EVERY)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    async def _read_totals(self, tenant: str, periods: list[Period]) -> list[Mapping[str, int]]:
+        if not periods:
+            return []
+        bounds = [_period_bounds(p) for p in periods]
+        rows = await self._totals(tenant, bounds[0][0], bounds[-1][1])
+        out: list[dict[str, int]] = [{} for _ in periods]
+        for row in rows:
+            day_ms = int(row[0]) * _DAY_MS
+            for i, (lo, hi) in enumerate(bounds):
+                if lo <= day_ms < hi:
+                    _add_row(out[i], row)
+                    break
+        return list(out)
+
+    async def _day_records(self, tenant: str, day: str) -> AsyncIterator[UsageRecord]:
+        for record in await self._records(tenant, day):
+            yield record
+
+
+def _period_bounds(period: Period) -> tuple[int, int]:
+    """``[lo, hi)`` unix ms of a day (``d``) or a month (``m``) period."""
+    if period.kind == "d":
+        first = date.fromisoformat(period.label)
+        nxt = date.fromordinal(first.toordinal() + 1)
+    else:
+        first = date.fromisoformat(period.label + "-01")
+        nxt = (first.replace(day=28) + _FOUR_DAYS).replace(day=1)
+    epoch = date(1970, 1, 1).toordinal()
+    return (first.toordinal() - epoch) * _DAY_MS, (nxt.toordinal() - epoch) * _DAY_MS
+
+
+def _add_row(totals: dict[str, int], row: TotalsRow) -> None:
+    """Add one ``TotalsRow`` to a ``{model|class|batch|counter: int}`` map, as the records
+    themselves would (``aggregate.add_record``), so reconciliation compares like with like."""
+    _, model, cls, batch, *counters = row
+    probe = UsageRecord(request_id="", ts_ms=0, tenant="", model=model, request_class=cls,
+                        batch_id=batch or None)
+    prefix = field_prefix(probe)
+    for name, value in zip(COUNTERS, counters, strict=True):
+        if value:
+            key = prefix + name
+            totals[key] = totals.get(key, 0) + int(value)
+

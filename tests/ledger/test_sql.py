@@ -1,0 +1,364 @@
+"""The SQL ledgers (SQLite and PostgreSQL): schema, migrations, the start-up check, group
+commit, rollups against records, retention, and outages of a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+import time
+import uuid
+from dataclasses import replace
+from datetime import date, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+import msgspec
+import pytest
+
+from gateway.ledger import UsageRecord, day_of
+from gateway.ledger.sql import MIGRATIONS, SCHEMA_VERSION, SchemaMismatch
+from gateway.ledger.sql.migrations import Migration
+from gateway.ledger.sql.postgres import PostgresLedger
+from gateway.ledger.sql.schema import RECORD_COLUMNS, ROLLUP_COUNTERS, ROLLUP_KEYS
+from gateway.ledger.sql.sqlite import SqliteLedger, split_script
+from gateway.ledger.sql.store import SqlLedger
+from gateway.ledger.sql.url import describe, parse_ledger_url
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    from tests.ledger.postgres import PostgresServer
+
+DAY_MS = 86_400_000
+
+
+def record(tenant: str, **fields: Any) -> UsageRecord:
+    base: dict[str, Any] = {
+        "request_id": uuid.uuid4().hex, "ts_ms": time.time_ns() // 1_000_000,
+        "tenant": tenant, "model": "m", "request_class": "interactive",
+        "system": 3, "history": 5, "new": 7, "tools": 1, "prompt_total": 16, "cached": 4,
+        "cache_write": 2, "output": 9, "reasoning": 3, "cost_micros": 120,
+        "cost_system": 10, "cost_history": 20, "cost_new": 30, "cost_tools": 5,
+        "cost_output": 40, "cost_reasoning": 15, "ttft_ms": 12.345, "duration_ms": 99.5,
+    }
+    base.update(fields)
+    return UsageRecord(**base)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def dialect(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture()
+async def make_sql(dialect: str, request: pytest.FixtureRequest, tmp_path: Path
+                   ) -> AsyncIterator[Callable[..., Any]]:
+    """``await make_sql(migrate=True, start=True)``: a SQL ledger of the dialect on one
+    database (every ledger the test makes shares it, like replicas)."""
+    url = (request.getfixturevalue("postgres_url") if dialect == "postgresql"
+           else f"sqlite:///{tmp_path / 'ledger.db'}")
+    made: list[SqlLedger] = []
+
+    async def make(*, migrate: bool = True, start: bool = True, **kw: Any) -> SqlLedger:
+        spool = tmp_path / f"spool-{len(made)}"
+        ledger: SqlLedger
+        if dialect == "postgresql":
+            ledger = PostgresLedger(url, spool_dir=spool, migrate=migrate, **kw)
+        else:
+            ledger = SqliteLedger(parse_ledger_url(url).target, spool_dir=spool,
+                                  migrate=migrate, **kw)
+        made.append(ledger)
+        if start:
+            await ledger.start()
+        return ledger
+
+    make.url = url  # type: ignore[attr-defined]
+    yield make
+    for ledger in made:
+        await ledger.close()
+
+
+# -- schema ------------------------------------------------------------------------------------
+
+def test_record_columns_are_the_record_fields() -> None:
+    """A field added to the record without a column (and a migration) fails here."""
+    assert list(RECORD_COLUMNS) == list(UsageRecord.__struct_fields__)
+
+
+async def test_migrated_tables_have_the_columns(make_sql: Callable[..., Any], dialect: str
+                                                ) -> None:
+    ledger = await make_sql()
+    assert await ledger.applied_version() == SCHEMA_VERSION
+    if dialect == "postgresql":
+        conn = await asyncpg.connect(make_sql.url)  # type: ignore[attr-defined]
+        try:
+            def cols(table: str) -> Any:
+                return conn.fetch("SELECT column_name FROM information_schema.columns "
+                                  "WHERE table_name = $1 ORDER BY ordinal_position", table)
+            records = [r[0] for r in await cols("usage_records")]
+            rollups = [r[0] for r in await cols("usage_hourly")]
+        finally:
+            await conn.close()
+    else:
+        conn = sqlite3.connect(parse_ledger_url(make_sql.url).target)  # type: ignore[attr-defined]
+        records = [r[1] for r in conn.execute("PRAGMA table_info(usage_records)")]
+        rollups = [r[1] for r in conn.execute("PRAGMA table_info(usage_hourly)")]
+        conn.close()
+    assert records == ["day", *RECORD_COLUMNS]
+    assert rollups == ["hour_ms", *ROLLUP_KEYS, *ROLLUP_COUNTERS]
+
+
+def test_sqlite_scripts_split_into_whole_statements() -> None:
+    for migration in MIGRATIONS:
+        statements = split_script(migration.sqlite)
+        assert statements and all(sqlite3.complete_statement(s) for s in statements)
+    (trigger,) = [s for s in split_script(MIGRATIONS[1].sqlite) if "TRIGGER" in s]
+    assert trigger.endswith("END;")
+
+
+def test_url_parsing_and_masking() -> None:
+    assert parse_ledger_url("postgresql://u:pw@h:5432/db").dialect == "postgresql"
+    assert parse_ledger_url("postgres://h/db").dialect == "postgresql"
+    assert parse_ledger_url("sqlite:///var/lib/gw/ledger.db").target == "/var/lib/gw/ledger.db"
+    assert parse_ledger_url("sqlite:data/ledger.db").target == "data/ledger.db"
+    with pytest.raises(ValueError, match=r"\*\*\*") as info:
+        parse_ledger_url("mysql://u:secretpw@h/db")
+    assert "secretpw" not in str(info.value)
+    assert describe("postgresql://u:secretpw@h:1/db") == "postgresql://u:***@h:1/db"
+
+
+# -- the start-up check and migrations ------------------------------------------------------------
+
+async def test_empty_postgres_is_refused_until_migrated(postgres_url: str, tmp_path: Path
+                                                        ) -> None:
+    ledger = PostgresLedger(postgres_url, spool_dir=tmp_path / "s")
+    with pytest.raises(SchemaMismatch, match="gateway db migrate"):
+        await ledger.start()
+    await ledger.close()
+    migrating = PostgresLedger(postgres_url, spool_dir=tmp_path / "s2", migrate=True)
+    await migrating.start()
+    await migrating.close()
+    again = PostgresLedger(postgres_url, spool_dir=tmp_path / "s3")
+    await again.start()  # migrated: accepted
+    await again.close()
+
+
+async def test_newer_schema_is_refused(make_sql: Callable[..., Any]) -> None:
+    first = await make_sql()
+    await first.close()
+    url = make_sql.url  # type: ignore[attr-defined]
+    future = SCHEMA_VERSION + 1
+    if url.startswith("postgresql"):
+        conn = await asyncpg.connect(url)
+        await conn.execute("INSERT INTO gateway_schema (version, name) VALUES ($1, 'x')", future)
+        await conn.close()
+    else:
+        with sqlite3.connect(parse_ledger_url(url).target) as conn:
+            conn.execute("INSERT INTO gateway_schema (version, name) VALUES (?, 'x')", (future,))
+    later = await make_sql(start=False)
+    with pytest.raises(SchemaMismatch, match="newer than this gateway knows"):
+        await later.start()
+
+
+async def test_migration_from_the_previous_version_backfills_rollups(
+    make_sql: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database at version 1 (records, no rollups) with records in it: migrating to 2
+    builds the rollups from those records, and they reconcile."""
+    import gateway.ledger.sql.postgres as pg_module
+    import gateway.ledger.sql.sqlite as sqlite_module
+
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    old = await make_sql(start=False)
+    monkeypatch.setattr(pg_module, "MIGRATIONS", MIGRATIONS[:1])
+    monkeypatch.setattr(sqlite_module, "MIGRATIONS", MIGRATIONS[:1])
+    assert await old.migrate() == [1]
+    assert await old.applied_version() == 1
+    records = [record(tenant, model=random.choice("ab"), estimated=i % 3 == 0,
+                      outcome="failed" if i % 5 == 0 else "completed") for i in range(50)]
+    await _insert_raw(old, records)
+    await old.close()
+    monkeypatch.undo()
+    ledger = await make_sql()  # migrates 2 at start
+    assert await ledger.applied_version() == 2
+    day = day_of(records[0].ts_ms)
+    assert await ledger.reconcile(tenant, day) == []
+    rows = await ledger.usage(tenant, day, day, group_by=())
+    assert rows[0].requests == 50
+    assert rows[0].reasoning == sum(r.reasoning for r in records)
+
+
+async def _insert_raw(ledger: SqlLedger, records: list[UsageRecord]) -> None:
+    """Records as a version-1 gateway wrote them (no rollups then)."""
+    from gateway.ledger.sql.schema import quoted, record_row
+
+    cols = quoted(RECORD_COLUMNS)
+    if isinstance(ledger, PostgresLedger):
+        days = {r.ts_ms // DAY_MS for r in records}
+        await ledger._make_partitions(days)
+        conn = await asyncpg.connect(ledger._dsn)
+        marks = ", ".join(f"${i + 2}" for i in range(len(RECORD_COLUMNS)))
+        await conn.executemany(
+            f"INSERT INTO usage_records (day, {cols}) VALUES ($1, {marks})",
+            [(date.fromisoformat(r.day), *record_row(r)) for r in records])
+        await conn.close()
+    else:
+        assert isinstance(ledger, SqliteLedger)
+        with sqlite3.connect(ledger.path) as conn:
+            marks = ", ".join("?" * (len(RECORD_COLUMNS) + 1))
+            conn.executemany(f"INSERT INTO usage_records (day, {cols}) VALUES ({marks})",
+                             [(r.day, *record_row(r)) for r in records])
+
+
+async def test_migrate_is_idempotent_and_concurrent(make_sql: Callable[..., Any]) -> None:
+    """Replicas migrating at once apply each migration once."""
+    ledgers = [await make_sql(start=False) for _ in range(3)]
+    results = await asyncio.gather(*(lg.migrate() for lg in ledgers))
+    assert sorted(v for done in results for v in done) == [m.version for m in MIGRATIONS]
+    assert await ledgers[0].migrate() == []
+
+
+def test_migrations_are_numbered_in_order() -> None:
+    assert [m.version for m in MIGRATIONS] == list(range(1, len(MIGRATIONS) + 1))
+    assert all(isinstance(m, Migration) and m.postgresql and m.sqlite for m in MIGRATIONS)
+
+
+# -- writing: group commit, dedupe, rollups ---------------------------------------------------------
+
+async def test_group_commit_makes_each_record_durable_once(make_sql: Callable[..., Any]
+                                                           ) -> None:
+    """Concurrent durable writes share commits, every future completes only once its record
+    is in the database, and a record written twice is one row."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    ledger = await make_sql()
+    records = [record(tenant) for _ in range(500)]
+    await asyncio.gather(*(ledger.write_durable(r) for r in records))
+    assert ledger.stats.flushes < len(records)  # commits were shared
+    assert ledger.stats.stored == 500 and ledger.pending == 0
+    reader = await make_sql()  # another replica sees them all
+    day = day_of(records[0].ts_ms)
+    assert len([r async for r in reader.export(0, 2**62, tenant)]) == 500
+    await asyncio.gather(*(ledger.write_durable(r) for r in records[:50]))
+    assert ledger.stats.duplicates == 50
+    (row,) = await reader.usage(tenant, day, day, group_by=())
+    assert row.requests == 500
+    assert row.cost_micros == 500 * 120
+
+
+async def test_records_round_trip_exactly(make_sql: Callable[..., Any]) -> None:
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    ledger = await make_sql()
+    original = record(tenant, key_id="k1", team="tm", organization="org", version="v2",
+                      batch_id="batch_1", pool="p", backend="b", upstream_model="u",
+                      attempts=2, status=200, estimated=True, tpot_ms=None)
+    await ledger.write_durable(original)
+    (back,) = [r async for r in ledger.export(0, 2**62, tenant)]
+    assert msgspec.structs.asdict(back) == msgspec.structs.asdict(original)
+
+
+async def test_replicas_writing_the_same_records_leave_one_row_each(
+    make_sql: Callable[..., Any]
+) -> None:
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    replicas = [await make_sql() for _ in range(3)]
+    records = [record(tenant, key_id=f"k{i % 4}") for i in range(400)]
+    for ledger in replicas:
+        shuffled = random.sample(records, len(records))
+        for r in shuffled:
+            ledger.write_nowait(r)
+    await asyncio.gather(*(lg.flush() for lg in replicas))
+    assert sum(lg.stats.stored for lg in replicas) == 400
+    day = day_of(records[0].ts_ms)
+    assert await replicas[0].reconcile(tenant, day) == []
+    (row,) = await replicas[1].usage(tenant, day, day, group_by=())
+    assert row.requests == 400 and row.prompt_total == 400 * 16
+
+
+async def test_rollups_equal_the_records_for_random_batches(make_sql: Callable[..., Any]
+                                                            ) -> None:
+    """Property: whatever mix of tenants, days, models, classes, batches and duplicates is
+    written, each day's rollup totals equal the sum of that day's records."""
+    rng = random.Random(7)
+    tenants = [f"t-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    now = time.time_ns() // 1_000_000
+    ledger = await make_sql()
+    written: dict[str, UsageRecord] = {}
+    for _ in range(6):
+        batch = []
+        for _ in range(rng.randint(1, 120)):
+            r = record(rng.choice(tenants), ts_ms=now - rng.randint(0, 3) * DAY_MS,
+                       model=rng.choice(["a", "b|c"]), request_class=rng.choice(["i", "b"]),
+                       batch_id=rng.choice([None, "batch_1"]), output=rng.randint(0, 50),
+                       estimated=rng.random() < 0.3)
+            batch.append(r)
+            written[r.request_id] = r
+        batch += rng.sample(list(written.values()), min(10, len(written)))
+        for r in batch:
+            ledger.write_nowait(r)
+        await ledger.flush()
+    for tenant in tenants:
+        for back in range(4):
+            day = day_of(now - back * DAY_MS)
+            assert await ledger.reconcile(tenant, day) == []
+    assert ledger.stats.stored == len(written)
+
+
+# -- retention ------------------------------------------------------------------------------------
+
+async def test_retention_drops_old_records_and_keeps_rollups(make_sql: Callable[..., Any]
+                                                             ) -> None:
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    ledger = await make_sql()
+    today = date.today()
+    old_ms = (time.time_ns() // 1_000_000) - 10 * DAY_MS
+    old = [record(tenant, ts_ms=old_ms) for _ in range(5)]
+    new = [record(tenant) for _ in range(3)]
+    for r in old + new:
+        ledger.write_nowait(r)
+    await ledger.flush()
+    ledger.settings = replace(ledger.settings, retention_days=5)
+    assert await ledger.expire(today) >= 1
+    old_day = day_of(old_ms)
+    assert await ledger._records(tenant, old_day) == []
+    kept = {r.request_id for r in await ledger._records(tenant, day_of(new[0].ts_ms))}
+    assert kept == {r.request_id for r in new}
+    (row,) = await ledger.usage(tenant, old_day, old_day, group_by=())
+    assert row.requests == 5  # the rollups outlive the raw records
+    assert (today - timedelta(days=10)).isoformat() == old_day
+
+
+# -- outages of a real PostgreSQL --------------------------------------------------------------------
+
+async def test_postgres_outage_spools_and_replays_exactly(own_postgres: PostgresServer,
+                                                          tmp_path: Path) -> None:
+    """PostgreSQL stopped under load and started again: every durable write completed
+    (spooled while it was away), and after replay each record is one row, totals exact."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    url = own_postgres.url
+    ledger = PostgresLedger(url, spool_dir=tmp_path / "spool", migrate=True, deadline=1.0,
+                            connect_timeout=1.0)
+    await ledger.start()
+    records = [record(tenant) for _ in range(900)]
+    try:
+        await asyncio.gather(*(ledger.write_durable(r) for r in records[:300]))
+        await asyncio.to_thread(own_postgres.stop)
+        await asyncio.gather(*(ledger.write_durable(r) for r in records[300:600]))
+        assert ledger.stats.spooled > 0
+        await asyncio.to_thread(own_postgres.start)
+        await asyncio.gather(*(ledger.write_durable(r) for r in records[600:]))
+        for _ in range(100):
+            await ledger.replay()
+            if not ledger.spool.segment_paths():
+                break
+            await asyncio.sleep(0.1)
+        assert not ledger.spool.segment_paths()
+        day = day_of(records[0].ts_ms)
+        assert len({r.request_id async for r in ledger.export(0, 2**62, tenant)}) == 900
+        assert len([r async for r in ledger.export(0, 2**62, tenant)]) == 900
+        (row,) = await ledger.usage(tenant, day, day, group_by=())
+        assert row.requests == 900 and row.output == 900 * 9
+        assert await ledger.reconcile(tenant, day) == []
+    finally:
+        await ledger.close()
