@@ -1,6 +1,6 @@
-"""Fixtures: our own redis-server and 3-master Redis Cluster, record factories, and one
-``make_ledger`` fixture that runs the same tests against the memory, Redis and cluster
-ledgers (the litestar ``store`` fixture pattern)."""
+"""Fixtures: our own redis-server and 3-master Redis Cluster, our own PostgreSQL, record
+factories, and one ``make_ledger`` fixture that runs the same tests against the memory, Redis
+and cluster ledgers (the litestar ``store`` fixture pattern)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gateway.ledger import Ledger, LedgerSettings, MemoryLedger, RedisLedger, UsageRecord
+from tests.ledger.postgres import PostgresNotFound, PostgresServer
 from tests.ledger.servers import RedisProc
 
 LedgerFactory = Callable[..., Awaitable[Ledger]]
@@ -31,6 +32,52 @@ def own_redis(tmp_path: Path) -> Iterator[RedisProc]:
     proc = RedisProc(directory, durable=True).start()
     yield proc
     proc.stop()
+
+
+def _postgres_server() -> PostgresServer:
+    """A started server, or the test fails (never skips: CI installs PostgreSQL)."""
+    try:
+        server = PostgresServer()
+    except PostgresNotFound as exc:
+        missing = str(exc)
+    else:
+        missing = ""
+    if missing:
+        pytest.fail(missing, pytrace=False)
+    try:
+        return server.start()
+    except BaseException:
+        server.close()
+        raise
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL for the session; tests get their own database from ``postgres_url``."""
+    server = _postgres_server()
+    yield server
+    server.close()
+
+
+_databases = itertools.count(1)
+
+
+@pytest.fixture()
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """A fresh, empty database (from template0) on the session's server, dropped after the
+    test, so tests never see each other's rows."""
+    name = f"test_{next(_databases)}"
+    url = postgres_server.create_database(name)
+    yield url
+    postgres_server.drop_database(name)
+
+
+@pytest.fixture()
+def own_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL this test may stop, kill and restart (same port, same data)."""
+    server = _postgres_server()
+    yield server
+    server.close()
 
 
 @pytest.fixture(params=["memory", "redis", "redis-py", "cluster"])
