@@ -19,10 +19,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[test,loadtest,deploy]"
 	@touch $(STAMP)
 
-# redis-server for the quota and ledger tests (they start their own on a free port)
+# redis-server and the PostgreSQL server for the quota and ledger tests (they start their own on
+# free ports); Debian keeps initdb off PATH, under /usr/lib/postgresql/<version>/bin
 system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
 
 demo: $(STAMP)
 	$(BIN)/gateway demo

@@ -1,6 +1,6 @@
-"""Fixtures: our own redis-server and 3-master Redis Cluster, record factories, and one
-``make_ledger`` fixture that runs the same tests against the memory, Redis and cluster
-ledgers (the litestar ``store`` fixture pattern)."""
+"""Fixtures: our own redis-server and 3-master Redis Cluster, our own PostgreSQL, record
+factories, and one ``make_ledger`` fixture that runs the same tests against the memory, Redis
+and cluster ledgers (the litestar ``store`` fixture pattern)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from gateway.ledger import Ledger, LedgerSettings, MemoryLedger, RedisLedger, UsageRecord
+from gateway.ledger.sql.postgres import PostgresLedger
 from gateway.ledger.sql.sqlite import SqliteLedger
+from tests.ledger.postgres import PostgresNotFound, PostgresServer
 from tests.ledger.servers import RedisProc
 
 LedgerFactory = Callable[..., Awaitable[Ledger]]
@@ -34,7 +36,53 @@ def own_redis(tmp_path: Path) -> Iterator[RedisProc]:
     proc.stop()
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis", "redis-py", "cluster"])
+def _postgres_server() -> PostgresServer:
+    """A started server, or the test fails (never skips: CI installs PostgreSQL)."""
+    try:
+        server = PostgresServer()
+    except PostgresNotFound as exc:
+        missing = str(exc)
+    else:
+        missing = ""
+    if missing:
+        pytest.fail(missing, pytrace=False)
+    try:
+        return server.start()
+    except BaseException:
+        server.close()
+        raise
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL for the session; tests get their own database from ``postgres_url``."""
+    server = _postgres_server()
+    yield server
+    server.close()
+
+
+_databases = itertools.count(1)
+
+
+@pytest.fixture()
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """A fresh, empty database (from template0) on the session's server, dropped after the
+    test, so tests never see each other's rows."""
+    name = f"test_{next(_databases)}"
+    url = postgres_server.create_database(name)
+    yield url
+    postgres_server.drop_database(name)
+
+
+@pytest.fixture()
+def own_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL this test may stop, kill and restart (same port, same data)."""
+    server = _postgres_server()
+    yield server
+    server.close()
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql", "redis", "redis-py", "cluster"])
 async def make_ledger(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[LedgerFactory]:
@@ -43,6 +91,8 @@ async def make_ledger(
     url = ""
     if kind in ("redis", "redis-py"):
         url = request.getfixturevalue("redis_proc").url
+    elif kind == "postgresql":
+        url = request.getfixturevalue("postgres_url")
     elif kind == "cluster":
         url = request.getfixturevalue("redis_cluster").url
     made: list[Ledger] = []
@@ -56,6 +106,8 @@ async def make_ledger(
             ledger = MemoryLedger(spool, settings=config)
         elif kind == "sqlite":
             ledger = SqliteLedger(tmp_path / "ledger.db", spool_dir=spool, settings=config)
+        elif kind == "postgresql":
+            ledger = PostgresLedger(url, spool_dir=spool, settings=config, migrate=True)
         else:
             ledger = RedisLedger.from_url(
                 url, spool_dir=spool, cluster=kind == "cluster", timeout=TIMEOUT,
