@@ -1,18 +1,19 @@
 """Usage records: exactly one per admitted request, never lost, never counted twice.
 
 ``record.py`` holds the record; ``base.py`` the interface (``Ledger``) and the shared write
-path (buffer -> background flusher); ``redis.py`` and ``memory.py`` the stores; ``spool.py`` the
-local fsync'd fallback; ``keys.py`` and ``scripts.py`` the Redis layout and Lua;
-``aggregate.py`` the totals; ``reconcile.py`` and ``export.py`` the checks and formats.
+path (buffer -> background flusher, group commit); ``sql/`` the stores of record (PostgreSQL,
+SQLite embedded), their schema and migrations; ``spool.py`` the local fsync'd fallback while
+the database is away; ``aggregate.py`` the totals; ``reconcile.py`` and ``export.py`` the
+checks and formats.
 
-Wiring (in the app factory / lifespan)::
+Wiring (``gateway/app/state.py``; the pipeline writes the record)::
 
-    ledger = (RedisLedger.from_url(url, spool_dir=spool) if url else MemoryLedger(spool))
-    await ledger.start()
-    ...                                  # per request, in the finally path:
-    ledger.write_nowait(make_record(ctx, usage, tenant=tenant))
+    ledger = open_ledger(url, spool_dir=spool)   # postgresql://... or sqlite:///...
+    await ledger.start()                         # refuses a schema it does not know
+    ...                                          # per request, before the response's end:
+    await ledger.write_durable(make_record(ctx, usage, tenant=tenant))
     ...
-    await ledger.close()                 # drains the buffer to Redis or the spool
+    await ledger.close()                         # drains the buffer to the database or spool
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from gateway.ledger.export import (
     stream_csv,
     stream_jsonl,
 )
-from gateway.ledger.memory import MemoryLedger
 from gateway.ledger.reconcile import Difference
 from gateway.ledger.record import (
     Outcome,
@@ -44,7 +44,6 @@ from gateway.ledger.record import (
     make_record,
     month_of,
 )
-from gateway.ledger.redis import RedisLedger
 from gateway.ledger.spool import Spool
 
 __all__ = [
@@ -61,9 +60,7 @@ __all__ = [
     "LedgerStoreError",
     "LedgerTimeout",
     "LedgerUnavailable",
-    "MemoryLedger",
     "Outcome",
-    "RedisLedger",
     "Spool",
     "UsageRecord",
     "UsageRow",

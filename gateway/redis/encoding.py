@@ -1,10 +1,9 @@
 """The RESP wire format, written in one place: commands out, and back into arguments.
 
 The stores keep the parts of their hot commands that repeat on every request (script sha,
-keys, limits) encoded once and join them per request (``quota/redis.py`` ``_Parts``,
-``ledger/redis.py`` ``_encoded``); they build those parts with :func:`bulk` and
-:func:`array_head` so that only this module knows the framing. ``tests/quota`` and
-``tests/ledger`` ``test_redis_encoding.py`` check their joined bytes equal
+keys, limits) encoded once and join them per request (``quota/redis.py`` ``_Parts``); they
+build those parts with :func:`bulk` and :func:`array_head` so that only this module knows the
+framing. ``tests/quota/test_redis_encoding.py`` checks the joined bytes equal
 :func:`encode_command` byte for byte. :func:`decode_command` turns such bytes back into
 arguments for redis-py (``pyredis.py``), which cannot send pre-encoded commands.
 """

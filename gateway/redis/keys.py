@@ -7,8 +7,7 @@ by Redis (the whole key is hashed): :func:`hash_tag` refuses both, and :func:`es
 any name safe where a store would rather keep every name than refuse one.
 
 The stores' own layouts stay beside them, built on these: ``gw:q:`` (``quota/keys.py``),
-``gw:l:`` (``ledger/keys.py``), ``gw:k:`` (``auth/keystore.py``), ``gwbatch:``/``gwfile:``
-(``batch/redis.py``).
+``gw:k:`` (``auth/keystore.py``), ``gwbatch:``/``gwfile:`` (``batch/redis.py``).
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ def batch_policy(chat_url: str, batch_url: str, files_dir: Path, **batch: Any) -
     data["prices"] = {"models": {MODEL: {"input": "1", "output": "2"}}, "batch_factor": "0.5"}
     data["batch"] = {"files_dir": str(files_dir), "lease_seconds": 3.0, "poll_interval": 0.2,
                      **batch}
+    data["store"] = {"data_dir": str(files_dir.parent / f"{files_dir.name}-data"),
+                     "spool_dir": str(files_dir.parent / f"{files_dir.name}-spool")}
     return data
 
 

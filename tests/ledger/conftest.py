@@ -1,6 +1,6 @@
-"""Fixtures: our own redis-server and 3-master Redis Cluster, our own PostgreSQL, record
-factories, and one ``make_ledger`` fixture that runs the same tests against the memory, Redis
-and cluster ledgers (the litestar ``store`` fixture pattern)."""
+"""Fixtures: our own PostgreSQL (a session server with a fresh database per test, and one a
+test may stop or kill), record factories, and one ``make_ledger`` fixture that runs the same
+tests against the SQLite and PostgreSQL ledgers (the litestar ``store`` fixture pattern)."""
 
 from __future__ import annotations
 
@@ -13,27 +13,16 @@ from typing import Any
 
 import pytest
 
-from gateway.ledger import Ledger, LedgerSettings, MemoryLedger, RedisLedger, UsageRecord
+from gateway.ledger import Ledger, LedgerSettings, UsageRecord
 from gateway.ledger.sql.postgres import PostgresLedger
 from gateway.ledger.sql.sqlite import SqliteLedger
 from tests.ledger.postgres import PostgresNotFound, PostgresServer
-from tests.ledger.servers import RedisProc
 
 LedgerFactory = Callable[..., Awaitable[Ledger]]
 RecordFactory = Callable[..., UsageRecord]
 
 # generous round-trip bound: the test box is shared
 TIMEOUT = 2.0
-
-
-@pytest.fixture()
-def own_redis(tmp_path: Path) -> Iterator[RedisProc]:
-    """A redis-server this test may kill and restart; its AOF keeps what it acknowledged."""
-    directory = tmp_path / "redis"
-    directory.mkdir()
-    proc = RedisProc(directory, durable=True).start()
-    yield proc
-    proc.stop()
 
 
 def _postgres_server() -> PostgresServer:
@@ -82,19 +71,13 @@ def own_postgres() -> Iterator[PostgresServer]:
     server.close()
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgresql", "redis", "redis-py", "cluster"])
+@pytest.fixture(params=["sqlite", "postgresql"])
 async def make_ledger(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[LedgerFactory]:
     """Builds started ledgers of one kind (``await make_ledger()``); closes them after."""
     kind: str = request.param
-    url = ""
-    if kind in ("redis", "redis-py"):
-        url = request.getfixturevalue("redis_proc").url
-    elif kind == "postgresql":
-        url = request.getfixturevalue("postgres_url")
-    elif kind == "cluster":
-        url = request.getfixturevalue("redis_cluster").url
+    url = request.getfixturevalue("postgres_url") if kind == "postgresql" else ""
     made: list[Ledger] = []
     counter = itertools.count()
 
@@ -102,17 +85,10 @@ async def make_ledger(
         spool = tmp_path / f"spool-{next(counter)}"
         config = LedgerSettings(**settings)
         ledger: Ledger
-        if kind == "memory":
-            ledger = MemoryLedger(spool, settings=config)
-        elif kind == "sqlite":
+        if kind == "sqlite":  # every ledger of the test shares the file, like replicas
             ledger = SqliteLedger(tmp_path / "ledger.db", spool_dir=spool, settings=config)
-        elif kind == "postgresql":
-            ledger = PostgresLedger(url, spool_dir=spool, settings=config, migrate=True)
         else:
-            ledger = RedisLedger.from_url(
-                url, spool_dir=spool, cluster=kind == "cluster", timeout=TIMEOUT,
-                connect_timeout=TIMEOUT, settings=config, pipelined=kind == "redis",
-            )
+            ledger = PostgresLedger(url, spool_dir=spool, settings=config, migrate=True)
         await ledger.start()
         made.append(ledger)
         return ledger

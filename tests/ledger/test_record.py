@@ -15,8 +15,8 @@ from gateway.ledger import UsageRecord, day_of, decode_record, encode_record, ma
 def test_exported_names_match_all() -> None:
     public = {n for n in dir(ledger_pkg) if not n.startswith("_")} - {"annotations"}
     modules = {
-        "aggregate", "backoff", "base", "errors", "export", "keys", "memory", "record",
-        "reconcile", "redis", "scripts", "spool",
+        "aggregate", "backoff", "base", "errors", "export", "record", "reconcile", "spool",
+        "sql",
     }  # fmt: skip
     assert public - modules == set(ledger_pkg.__all__)
 

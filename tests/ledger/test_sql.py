@@ -29,8 +29,6 @@ from gateway.ledger.sql.url import describe, parse_ledger_url
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-    from tests.ledger.postgres import PostgresServer
-
 DAY_MS = 86_400_000
 
 
@@ -227,8 +225,9 @@ def test_migrations_are_numbered_in_order() -> None:
 
 # -- writing: group commit, dedupe, rollups ---------------------------------------------------------
 
-async def test_group_commit_makes_each_record_durable_once(make_sql: Callable[..., Any]
-                                                           ) -> None:
+async def test_group_commit_makes_each_record_durable_once(
+    make_sql: Callable[..., Any],
+) -> None:
     """Concurrent durable writes share commits, every future completes only once its record
     is in the database, and a record written twice is one row."""
     tenant = f"t-{uuid.uuid4().hex[:8]}"
@@ -307,8 +306,9 @@ async def test_rollups_equal_the_records_for_random_batches(make_sql: Callable[.
 
 # -- retention ------------------------------------------------------------------------------------
 
-async def test_retention_drops_old_records_and_keeps_rollups(make_sql: Callable[..., Any]
-                                                             ) -> None:
+async def test_retention_drops_old_records_and_keeps_rollups(
+    make_sql: Callable[..., Any],
+) -> None:
     tenant = f"t-{uuid.uuid4().hex[:8]}"
     ledger = await make_sql()
     today = date.today()
@@ -327,38 +327,3 @@ async def test_retention_drops_old_records_and_keeps_rollups(make_sql: Callable[
     (row,) = await ledger.usage(tenant, old_day, old_day, group_by=())
     assert row.requests == 5  # the rollups outlive the raw records
     assert (today - timedelta(days=10)).isoformat() == old_day
-
-
-# -- outages of a real PostgreSQL --------------------------------------------------------------------
-
-async def test_postgres_outage_spools_and_replays_exactly(own_postgres: PostgresServer,
-                                                          tmp_path: Path) -> None:
-    """PostgreSQL stopped under load and started again: every durable write completed
-    (spooled while it was away), and after replay each record is one row, totals exact."""
-    tenant = f"t-{uuid.uuid4().hex[:8]}"
-    url = own_postgres.url
-    ledger = PostgresLedger(url, spool_dir=tmp_path / "spool", migrate=True, deadline=1.0,
-                            connect_timeout=1.0)
-    await ledger.start()
-    records = [record(tenant) for _ in range(900)]
-    try:
-        await asyncio.gather(*(ledger.write_durable(r) for r in records[:300]))
-        await asyncio.to_thread(own_postgres.stop)
-        await asyncio.gather(*(ledger.write_durable(r) for r in records[300:600]))
-        assert ledger.stats.spooled > 0
-        await asyncio.to_thread(own_postgres.start)
-        await asyncio.gather(*(ledger.write_durable(r) for r in records[600:]))
-        for _ in range(100):
-            await ledger.replay()
-            if not ledger.spool.segment_paths():
-                break
-            await asyncio.sleep(0.1)
-        assert not ledger.spool.segment_paths()
-        day = day_of(records[0].ts_ms)
-        assert len({r.request_id async for r in ledger.export(0, 2**62, tenant)}) == 900
-        assert len([r async for r in ledger.export(0, 2**62, tenant)]) == 900
-        (row,) = await ledger.usage(tenant, day, day, group_by=())
-        assert row.requests == 900 and row.output == 900 * 9
-        assert await ledger.reconcile(tenant, day) == []
-    finally:
-        await ledger.close()

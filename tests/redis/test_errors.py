@@ -21,8 +21,6 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.ledger.errors import LedgerConnectError, LedgerStoreError, LedgerTimeout
-from gateway.ledger.redis import map_redis_error as ledger_errors
 from gateway.quota.errors import QuotaConnectError, QuotaStoreError, QuotaTimeout
 from gateway.quota.redis import map_redis_error as quota_errors
 from gateway.redis import FAILURES, Timeouts, is_no_script, is_outage, kind_of, open_redis
@@ -71,20 +69,16 @@ def test_no_script_in_either_form() -> None:
 
 
 @pytest.mark.parametrize(
-    ("exc", "quota", "ledger"),
+    ("exc", "quota"),
     [
-        pytest.param(RedisConnectionError("refused"), QuotaConnectError, LedgerConnectError,
-                     id="connect"),
-        pytest.param(TimeoutError(), QuotaTimeout, LedgerTimeout, id="timeout"),
-        pytest.param(ReadOnlyError("READONLY"), QuotaStoreError, LedgerStoreError,
-                     id="refused"),
+        pytest.param(RedisConnectionError("refused"), QuotaConnectError, id="connect"),
+        pytest.param(TimeoutError(), QuotaTimeout, id="timeout"),
+        pytest.param(ReadOnlyError("READONLY"), QuotaStoreError, id="refused"),
     ],
 )
-def test_both_stores_translate_the_same_way(exc: Exception, quota: type[Exception],
-                                            ledger: type[Exception]) -> None:
+def test_the_quota_store_translates_each_kind(exc: Exception, quota: type[Exception]) -> None:
     mapped = quota_errors(exc)
     assert type(mapped) is quota and repr(exc) in str(mapped)
-    assert type(ledger_errors(exc)) is ledger
 
 
 @pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "redis-py"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.ledger.keys import tenant_tag as ledger_tag
 from gateway.quota.errors import InvalidQuotaRequest
 from gateway.quota.keys import tenant_tag as quota_tag
 from gateway.redis import InvalidTag, escape_tag, hash_tag
@@ -30,8 +29,6 @@ def test_escaping_makes_every_name_a_valid_distinct_tag(name: str, escaped: str)
 def test_the_stores_use_the_rule() -> None:
     """Their key names are unchanged (data written before this module still reads back)."""
     assert quota_tag("acme") == "gw:q:{acme}"
-    assert ledger_tag("acme") == "gw:l:{acme}"
-    assert ledger_tag("a}b{c%") == "gw:l:{a%7Db%7Bc%25}"
     with pytest.raises(InvalidQuotaRequest, match="hash tag"):
         quota_tag("a{b")
     with pytest.raises(InvalidQuotaRequest):
