@@ -223,7 +223,7 @@ def test_migrations_are_numbered_in_order() -> None:
     assert all(isinstance(m, Migration) and m.postgresql and m.sqlite for m in MIGRATIONS)
 
 
-# -- writing: group commit, dedupe, rollups ---------------------------------------------------------
+# -- writing: group commit, dedupe, rollups --------------------------------------------
 
 async def test_group_commit_makes_each_record_durable_once(
     make_sql: Callable[..., Any],
