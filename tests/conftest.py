@@ -1,7 +1,9 @@
-"""Shared fixtures: a simulated interactive pool and a real gateway process in front of it."""
+"""Shared fixtures: a simulated interactive pool and a real gateway process in front of it;
+our own redis-server, Redis Cluster and PostgreSQL."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import pytest
 
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.ledger.postgres import PostgresNotFound, PostgresServer
 from tests.redis_servers import RedisCluster3, RedisProc
 
 
@@ -50,3 +53,49 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
     cluster = RedisCluster3(tmp_path_factory.mktemp("cluster")).start()
     yield cluster
     cluster.stop()
+
+
+def _postgres_server() -> PostgresServer:
+    """A started server, or the test fails (never skips: CI installs PostgreSQL)."""
+    try:
+        server = PostgresServer()
+    except PostgresNotFound as exc:
+        missing = str(exc)
+    else:
+        missing = ""
+    if missing:
+        pytest.fail(missing, pytrace=False)
+    try:
+        return server.start()
+    except BaseException:
+        server.close()
+        raise
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL for the session; tests get their own database from ``postgres_url``."""
+    server = _postgres_server()
+    yield server
+    server.close()
+
+
+_databases = itertools.count(1)
+
+
+@pytest.fixture()
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """A fresh, empty database (from template0) on the session's server, dropped after the
+    test, so tests never see each other's rows."""
+    name = f"test_{next(_databases)}"
+    url = postgres_server.create_database(name)
+    yield url
+    postgres_server.drop_database(name)
+
+
+@pytest.fixture()
+def own_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL this test may stop, kill and restart (same port, same data)."""
+    server = _postgres_server()
+    yield server
+    server.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import tempfile
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,18 +24,21 @@ __all__ = ["add_db_parser", "check_ledger_schema"]
 
 def _open(policy: Policy) -> tuple[SqlLedger, str]:
     from gateway.app.state import ledger_url
+
+    return _open_url(ledger_url(policy.store), policy.store.spool_dir)
+
+
+def _open_url(url: str, spool_dir: str) -> tuple[SqlLedger, str]:
     from gateway.ledger.sql import open_ledger
     from gateway.ledger.sql.url import describe
 
-    url = ledger_url(policy.store)
-    return open_ledger(url, spool_dir=policy.store.spool_dir), describe(url)
+    return open_ledger(url, spool_dir=spool_dir), describe(url)
 
 
-async def _status(policy: Policy) -> tuple[int, str]:
+async def _status(ledger: SqlLedger, where: str) -> tuple[int, str]:
     from gateway.ledger.sql import SCHEMA_VERSION
     from gateway.ledger.sql.migrations import verdict
 
-    ledger, where = _open(policy)
     try:
         applied = await ledger.applied_version()
     finally:
@@ -44,10 +48,9 @@ async def _status(policy: Policy) -> tuple[int, str]:
     return (0, line) if problem is None else (1, f"{line}\n{problem}")
 
 
-async def _migrate(policy: Policy) -> tuple[int, str]:
+async def _migrate(ledger: SqlLedger, where: str) -> tuple[int, str]:
     from gateway.ledger.sql import SCHEMA_VERSION
 
-    ledger, where = _open(policy)
     try:
         done = await ledger.migrate()
     finally:
@@ -85,14 +88,19 @@ def _run(args: argparse.Namespace) -> int:
     from gateway.config import PolicyError, load_policy
     from gateway.ledger import LedgerError
 
+    action = _migrate if args.db_command == "migrate" else _status
     try:
-        policy = load_policy(args.config)
+        if args.url:
+            ledger, where = _open_url(args.url, tempfile.mkdtemp(prefix="gateway-db-"))
+        elif args.config:
+            ledger, where = _open(load_policy(args.config))
+        else:
+            print("gateway db: give --config (the gateway's policy) or --url", file=sys.stderr)
+            return 2
+        code, text = asyncio.run(action(ledger, where))
     except PolicyError as exc:
         print(f"gateway db: invalid policy: {exc}", file=sys.stderr)
         return 2
-    action = _migrate if args.db_command == "migrate" else _status
-    try:
-        code, text = asyncio.run(action(policy))
     except (LedgerError, OSError, ValueError) as exc:
         print(f"gateway db: {exc}", file=sys.stderr)
         return 2
@@ -109,8 +117,11 @@ def add_db_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     actions = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     migrate = actions.add_parser("migrate", help="apply the missing schema migrations")
-    migrate.add_argument("--config", required=True, help="policy file or directory")
     status = actions.add_parser(
         "status", help="print the schema version (exit 1 if not this gateway's)")
-    status.add_argument("--config", required=True, help="policy file or directory")
+    for action in (migrate, status):
+        action.add_argument("--config", help="the gateway's policy file or directory (its "
+                            "store names the database)")
+        action.add_argument("--url", help="the database URL instead (postgresql://... or "
+                            "sqlite:///path); a password in it is never printed")
     db.set_defaults(func=_run)

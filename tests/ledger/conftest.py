@@ -1,13 +1,13 @@
-"""Fixtures: our own PostgreSQL (a session server with a fresh database per test, and one a
-test may stop or kill), record factories, and one ``make_ledger`` fixture that runs the same
-tests against the SQLite and PostgreSQL ledgers (the litestar ``store`` fixture pattern)."""
+"""Fixtures: record factories, and one ``make_ledger`` fixture that runs the same tests against
+the SQLite and PostgreSQL ledgers (the litestar ``store`` fixture pattern; the PostgreSQL
+servers are the session's, from ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,59 +16,12 @@ import pytest
 from gateway.ledger import Ledger, LedgerSettings, UsageRecord
 from gateway.ledger.sql.postgres import PostgresLedger
 from gateway.ledger.sql.sqlite import SqliteLedger
-from tests.ledger.postgres import PostgresNotFound, PostgresServer
 
 LedgerFactory = Callable[..., Awaitable[Ledger]]
 RecordFactory = Callable[..., UsageRecord]
 
 # generous round-trip bound: the test box is shared
 TIMEOUT = 2.0
-
-
-def _postgres_server() -> PostgresServer:
-    """A started server, or the test fails (never skips: CI installs PostgreSQL)."""
-    try:
-        server = PostgresServer()
-    except PostgresNotFound as exc:
-        missing = str(exc)
-    else:
-        missing = ""
-    if missing:
-        pytest.fail(missing, pytrace=False)
-    try:
-        return server.start()
-    except BaseException:
-        server.close()
-        raise
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """One PostgreSQL for the session; tests get their own database from ``postgres_url``."""
-    server = _postgres_server()
-    yield server
-    server.close()
-
-
-_databases = itertools.count(1)
-
-
-@pytest.fixture()
-def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
-    """A fresh, empty database (from template0) on the session's server, dropped after the
-    test, so tests never see each other's rows."""
-    name = f"test_{next(_databases)}"
-    url = postgres_server.create_database(name)
-    yield url
-    postgres_server.drop_database(name)
-
-
-@pytest.fixture()
-def own_postgres() -> Iterator[PostgresServer]:
-    """A PostgreSQL this test may stop, kill and restart (same port, same data)."""
-    server = _postgres_server()
-    yield server
-    server.close()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

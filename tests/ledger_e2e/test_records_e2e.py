@@ -54,13 +54,18 @@ def _wait_records(gw: GatewayProcess, n: int) -> list[dict[str, Any]]:
         time.sleep(0.1)
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["sqlite", "postgresql+redis"])
 def setup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[GatewayProcess,
                                                                                SimServer]]:
+    """The embedded gateway (SQLite ledger, quotas in the process), and the production one
+    (PostgreSQL ledger of record, quotas in Redis)."""
     os.environ["GATEWAY_ADMIN_TOKEN"] = ADMIN
-    redis = RedisProc(tmp_path).start() if request.param == "redis" else None
-    if redis is not None:
+    redis = None
+    if request.param == "postgresql+redis":
+        redis = RedisProc(tmp_path).start()
         os.environ["GATEWAY_REDIS_URL"] = redis.url
+        os.environ["GATEWAY_LEDGER_URL"] = request.getfixturevalue("postgres_url")
+        migrate(os.environ["GATEWAY_LEDGER_URL"])
     try:
         with SimServer("interactive", speedup=10, jitter=0.0) as sim, \
                 GatewayProcess(tmp_path, _policy(sim.url)) as gw:
@@ -68,8 +73,17 @@ def setup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Gate
     finally:
         os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
         os.environ.pop("GATEWAY_REDIS_URL", None)
+        os.environ.pop("GATEWAY_LEDGER_URL", None)
         if redis is not None:
             redis.stop()
+
+
+def migrate(url: str) -> None:
+    """``gateway db migrate`` for a database a test made (a gateway refuses an empty one)."""
+    out = subprocess.run([sys.executable, "-m", "gateway", "db", "migrate", "--url", url],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "applied migrations 1, 2" in out.stdout
 
 
 def test_one_record_per_request_reconciles_with_simulator(setup) -> None:  # type: ignore[no-untyped-def]
