@@ -11,7 +11,10 @@ A pure library: no HTTP, no Redis. Per request the proxy calls, in order:
    ``remember_reply`` counts the delivered reply into the cache after the response went out,
    so the next turn of the conversation tokenises only its new user message.
 
-The result, a :class:`TokenUsage`, is what the ledger records.
+The result, a :class:`TokenUsage`, is what the ledger records. A request that failed before
+any output goes through ``meter.meter_failed`` instead: its tokens, at no cost unless
+``prices.bill_failed``. Usage of other API shapes (Anthropic Messages, OpenAI Responses) reads
+with ``usage_from_body(body, shape)`` / ``usage_from_mapping(usage, shape)``.
 """
 
 from __future__ import annotations
@@ -30,9 +33,17 @@ from gateway.accounting.record import TokenUsage, account, account_body, account
 from gateway.accounting.request import request_usage
 from gateway.accounting.split import PromptCounter, PromptSplit
 from gateway.accounting.sse import StreamScanner
-from gateway.accounting.usage import BackendUsage, text_from_body, usage_from_body
+from gateway.accounting.usage import (
+    AnthropicUsage,
+    BackendUsage,
+    ResponsesUsage,
+    text_from_body,
+    usage_from_body,
+    usage_from_mapping,
+)
 
 __all__ = [
+    "AnthropicUsage",
     "BackendUsage",
     "CostBreakdown",
     "CountCache",
@@ -40,6 +51,7 @@ __all__ = [
     "PriceTable",
     "PromptCounter",
     "PromptSplit",
+    "ResponsesUsage",
     "StreamScanner",
     "TokenUsage",
     "account",
@@ -53,4 +65,5 @@ __all__ = [
     "text_from_body",
     "to_micros",
     "usage_from_body",
+    "usage_from_mapping",
 ]

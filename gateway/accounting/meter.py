@@ -6,13 +6,21 @@ now, if admission did not need it) with what the backend reported or, failing th
 delivered text, and prices the result. Large work - a large prompt not counted yet, a large
 body, a stream whose backend reported no usage - runs on the counting thread
 (:mod:`gateway.accounting.offload`), so the event loop never stalls on it.
+
+A request that failed before any output (no backend answered, the backend answered an error, a
+stream broke before its first token) goes through :func:`meter_failed`: it keeps its token
+counts - what was sent is worth recording - but costs nothing unless the policy says
+``prices.bill_failed: true``; a customer is not charged for an answer they never got.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from gateway.accounting.offload import OFFLOAD_BYTES, off_loop
+from gateway.accounting.prices import CostBreakdown
 from gateway.accounting.record import account_body, account_stream
 
 if TYPE_CHECKING:
@@ -23,7 +31,7 @@ if TYPE_CHECKING:
     from gateway.accounting.split import PromptCounter, PromptSplit
     from gateway.accounting.sse import StreamScanner
 
-__all__ = ["count_prompt", "meter"]
+__all__ = ["count_prompt", "meter", "meter_failed"]
 
 
 def count_prompt(counter: PromptCounter, operation: str, payload: Mapping[str, Any]
@@ -67,3 +75,31 @@ async def meter(
              or (scanner is not None and scanner.usage is None)
              or len(body or b"") > OFFLOAD_BYTES)
     return await off_loop(count) if large else count()
+
+
+async def meter_failed(
+    counter: PromptCounter,
+    operation: str,
+    payload: Mapping[str, Any],
+    size: int,
+    split: PromptSplit | None,
+    usage: TokenUsage | None,
+    *,
+    price: ModelPrice | None,
+    batch: bool,
+    bill_failed: bool,
+) -> TokenUsage:
+    """The usage of a request that failed before any output; the caller decides it failed so.
+
+    ``usage`` is what :func:`meter` measured if it ran (the backend's error answer), else None
+    (no answer at all): then the prompt is counted now (``split`` if admission made one) and
+    the usage is marked ``estimated``. The token counts are kept either way; with
+    ``bill_failed`` false (the default policy) every cost line and the total are 0, with it
+    true the request costs what its tokens cost.
+    """
+    if usage is None:
+        usage = await meter(counter, operation, payload, size, split, body=None, scanner=None,
+                            price=price, batch=batch)
+    if bill_failed or usage.cost is None:
+        return usage
+    return msgspec.structs.replace(usage, cost=CostBreakdown())

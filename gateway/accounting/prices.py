@@ -5,19 +5,26 @@ micro-units per million tokens (``2_500_000``), so a price has at most six decim
 float is used anywhere. A price may carry a batch factor: the multiplier for batch-class requests
 (``"0.5"`` = half price), held as an exact integer ratio.
 
-Cost of a request (:func:`price_usage`):
+Cost of a request (:func:`price_usage`): every token is in exactly one bucket and each bucket has
+its own price, so nothing is charged twice.
 
-* every part of the prompt (system, history, new, tools) is priced as input, except the tokens
-  the backend reported as cached, which are priced as cached input. Cached tokens are taken from
-  history first, then system, tools, and new: history is what a chat client re-sends each turn and
-  what a prefix cache holds, and its own line is where a customer looks for the saving.
-* output tokens are priced as output.
+* input: the prompt's parts (system, history, new, tools) sum to the prompt total. Of that total,
+  the tokens the backend read from its cache are priced at ``cached_input``, the tokens it wrote
+  to its cache at ``cache_write_input`` (default: the input price), the rest at ``input``.
+  Cached tokens are taken from history first, then system, tools, and new: history is what a
+  chat client re-sends each turn and what a prefix cache holds, and its own line is where a
+  customer looks for the saving. Cache writes are taken from what the read left, in prompt order
+  (system, tools, history, new): a write extends the cached prefix past the part that was read.
+* output: the completion tokens, reasoning included, split into visible output (priced at
+  ``output``, the ``output`` line) and reasoning (priced at ``reasoning``, default: the output
+  price, the ``reasoning`` line).
 * rounding: the exact total (a fraction of a micro-unit) is rounded half-to-even once; each line
-  is the floor or the ceiling of its exact value, chosen by largest remainder so that the lines
-  sum exactly to the total. Half-even carries no bias over many requests; rounding up each
-  request would overcharge by half a micro-unit on average.
-* ``cached`` is informational: the part of the total charged at the cached rate (already in the
-  lines), rounded half-to-even on its own.
+  (system, history, new, tools, output, reasoning) is the floor or the ceiling of its exact
+  value, chosen by largest remainder so that the lines sum exactly to the total. Half-even
+  carries no bias over many requests; rounding up each request would overcharge by half a
+  micro-unit on average.
+* ``cached`` and ``cache_write`` are informational: the parts of the total charged at the
+  cache-read and cache-write rates (already in the input lines), each rounded half-to-even.
 """
 
 from __future__ import annotations
@@ -89,6 +96,10 @@ class ModelPrice(msgspec.Struct, frozen=True, kw_only=True):
     output: int
     #: multiplier for batch requests as (numerator, denominator); (1, 1) means full price
     batch_factor: tuple[int, int] = (1, 1)
+    #: prompt tokens written to the backend's cache; None: the input price
+    cache_write_input: int | None = None
+    #: reasoning tokens (a part of the output); None: the output price
+    reasoning: int | None = None
 
     @classmethod
     def parse(
@@ -98,15 +109,42 @@ class ModelPrice(msgspec.Struct, frozen=True, kw_only=True):
         output: Amount,
         cached_input: Amount | None = None,
         batch_factor: Amount | None = None,
+        cache_write_input: Amount | None = None,
+        reasoning: Amount | None = None,
     ) -> ModelPrice:
-        """From policy amounts; cached input defaults to the input price."""
+        """From policy amounts; cached input and cache write default to the input price,
+        reasoning to the output price."""
         micros = to_micros(input)
+        out = to_micros(output)
         return cls(
             input=micros,
             cached_input=micros if cached_input is None else to_micros(cached_input),
-            output=to_micros(output),
+            output=out,
             batch_factor=(1, 1) if batch_factor is None else _ratio(batch_factor),
+            cache_write_input=micros if cache_write_input is None else to_micros(
+                cache_write_input),
+            reasoning=out if reasoning is None else to_micros(reasoning),
         )
+
+    @property
+    def write_rate(self) -> int:
+        """The cache-write price in force (the input price unless set)."""
+        return self.input if self.cache_write_input is None else self.cache_write_input
+
+    @property
+    def reasoning_rate(self) -> int:
+        """The reasoning price in force (the output price unless set)."""
+        return self.output if self.reasoning is None else self.reasoning
+
+    def ceiling(self) -> ModelPrice:
+        """The most a token can cost at these prices: every input bucket at the dearest input
+        rate, every output bucket at the dearer of output and reasoning. Prices with it the
+        most a request can cost before the backend says how its tokens split."""
+        top_in = max(self.input, self.cached_input, self.write_rate)
+        top_out = max(self.output, self.reasoning_rate)
+        return ModelPrice(input=top_in, cached_input=top_in, output=top_out,
+                          batch_factor=self.batch_factor, cache_write_input=top_in,
+                          reasoning=top_out)
 
 
 class CostBreakdown(msgspec.Struct, frozen=True, kw_only=True):
@@ -135,18 +173,31 @@ def price_usage(
     new: int = 0,
     tools: int = 0,
     cached: int = 0,
+    cache_write: int = 0,
     output: int = 0,
+    reasoning: int = 0,
     batch: bool = False,
 ) -> CostBreakdown:
-    """The cost of a request's tokens at ``price`` (see the module docstring for the rules)."""
+    """The cost of a request's tokens at ``price`` (see the module docstring for the rules).
+
+    ``cached`` and ``cache_write`` are parts of the prompt (system + history + new + tools),
+    ``reasoning`` a part of ``output`` (the completion tokens in all); parts larger than what
+    they are parts of are clamped to it.
+    """
     num, den = price.batch_factor if batch else (1, 1)
-    parts = [system, history, new, tools]
-    cached_parts = _take_cached(cached, parts)
+    parts = [max(0, p) for p in (system, history, new, tools)]
+    hits = _take(cached, parts, _CACHED_ORDER)
+    left = [p - h for p, h in zip(parts, hits, strict=True)]
+    writes = _take(cache_write, left, _WRITE_ORDER)
+    write_rate = price.write_rate
     exact = [
-        ((tokens - hit) * price.input + hit * price.cached_input) * num
-        for tokens, hit in zip(parts, cached_parts, strict=True)
+        ((rest - write) * price.input + hit * price.cached_input + write * write_rate) * num
+        for rest, hit, write in zip(left, hits, writes, strict=True)
     ]
-    exact.append(output * price.output * num)
+    output = max(0, output)
+    thinking = min(max(0, reasoning), output)
+    exact.append((output - thinking) * price.output * num)
+    exact.append(thinking * price.reasoning_rate * num)
     denominator = MICROS * den
     lines, total = _round_lines(exact, denominator)
     return CostBreakdown(
@@ -155,17 +206,24 @@ def price_usage(
         new=lines[2],
         tools=lines[3],
         output=lines[4],
+        reasoning=lines[5],
         total=total,
-        cached=_half_even(sum(cached_parts) * price.cached_input * num, denominator),
+        cached=_half_even(sum(hits) * price.cached_input * num, denominator),
+        cache_write=_half_even(sum(writes) * write_rate * num, denominator),
     )
 
 
-def _take_cached(cached: int, parts: list[int]) -> list[int]:
-    """Cached tokens per part [system, history, new, tools]: history, then system, tools, new."""
-    taken = [0, 0, 0, 0]
-    left = max(0, cached)
-    for i in (1, 0, 3, 2):
-        taken[i] = min(left, max(0, parts[i]))
+#: indices into [system, history, new, tools]: where cache reads, and cache writes, are taken
+_CACHED_ORDER = (1, 0, 3, 2)  # history, system, tools, new
+_WRITE_ORDER = (0, 3, 1, 2)  # prompt order: system, tools, history, new
+
+
+def _take(count: int, parts: list[int], order: tuple[int, ...]) -> list[int]:
+    """``count`` tokens taken from ``parts`` in ``order``, each part at most its size."""
+    taken = [0] * len(parts)
+    left = max(0, count)
+    for i in order:
+        taken[i] = min(left, parts[i])
         left -= taken[i]
     return taken
 
@@ -191,7 +249,7 @@ def _round_lines(exact: list[int], denominator: int) -> tuple[list[int], int]:
 class PriceTable:
     """Prices by model, with per-tenant overrides; built once from policy, shared read-only."""
 
-    __slots__ = ("_models", "_tenants", "currency")
+    __slots__ = ("_models", "_tenants", "bill_failed", "currency")
 
     def __init__(
         self,
@@ -199,15 +257,19 @@ class PriceTable:
         *,
         tenants: Mapping[str, Mapping[str, ModelPrice]] | None = None,
         currency: str = "USD",
+        bill_failed: bool = False,
     ) -> None:
         self._models = dict(models)
         self._tenants = {t: dict(m) for t, m in (tenants or {}).items()}
         self.currency = currency
+        #: charge requests that failed before any output (default: they cost 0)
+        self.bill_failed = bill_failed
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> PriceTable:
-        """From policy: ``{currency, batch_factor, models: {name: {input, cached_input, output,
-        batch_factor}}, tenants: {tenant: {model: {...}}}}``, amounts per million tokens.
+        """From policy: ``{currency, batch_factor, bill_failed, models: {name: {input,
+        cached_input, cache_write_input, output, reasoning, batch_factor}}, tenants: {tenant:
+        {model: {...}}}}``, amounts per million tokens.
 
         A tenant override may give only some prices; the rest come from the model's own entry.
         ``batch_factor`` at the top is the default for every model.
@@ -224,7 +286,11 @@ class PriceTable:
             }
             for tenant, overrides in (data.get("tenants") or {}).items()
         }
-        return cls(models, tenants=tenants, currency=str(data.get("currency", "USD")))
+        bill_failed = data.get("bill_failed", False)
+        if not isinstance(bill_failed, bool):
+            raise ValueError(f"bill_failed is true or false, got {bill_failed!r}")
+        return cls(models, tenants=tenants, currency=str(data.get("currency", "USD")),
+                   bill_failed=bill_failed)
 
     def lookup(self, model: str, tenant: str | None = None) -> ModelPrice | None:
         """The tenant's price for the model if it has one, else the model's, else None."""
@@ -237,7 +303,8 @@ class PriceTable:
     def __repr__(self) -> str:
         return (
             f"<PriceTable [{len(self._models)} models | "
-            f"{len(self._tenants)} tenants with overrides | {self.currency}]>"
+            f"{len(self._tenants)} tenants with overrides | {self.currency}"
+            f"{' | bill failed' if self.bill_failed else ''}]>"
         )
 
 
@@ -251,6 +318,8 @@ def _parse_price(
             output=merged["output"],
             cached_input=merged.get("cached_input"),
             batch_factor=merged.get("batch_factor", default_factor),
+            cache_write_input=merged.get("cache_write_input"),
+            reasoning=merged.get("reasoning"),
         )
     except KeyError as exc:
         raise ValueError(f"price entry needs {exc.args[0]!r}: {dict(entry)!r}") from exc

@@ -1,10 +1,17 @@
-"""The usage result of one request: tokens by part, output, cost; what the ledger record carries.
+"""The usage result of one request: tokens by bucket, cost; what the ledger record carries.
 
 When the backend reported usage, its figures are the truth: the gateway's split is fitted to its
-``prompt_tokens`` (``apportion.fit_split``) and its ``completion_tokens`` is the output. When it
+``prompt_tokens`` (``apportion.fit_split``), its cache read and cache write are parts of that
+total, its ``completion_tokens`` is the output and its reasoning tokens a part of that. When it
 did not (a stream cut short, a backend that ignores ``include_usage``, a body without usage), the
 gateway's own counts stand, the output is the delivered text counted with the tokenizer, and the
-record is marked ``estimated``; nothing is reported as cached then.
+record is marked ``estimated``; nothing is reported as cached, cache-written or reasoning then.
+
+The buckets, each token in exactly one of each row:
+
+* input by role: ``system + history + new + tools == prompt_total``;
+* input by cache: uncached + ``cached`` + ``cache_write`` ``== prompt_total``;
+* output: visible + ``reasoning == output``.
 """
 
 from __future__ import annotations
@@ -60,9 +67,14 @@ def account(
     """Combine the gateway's split with the backend's usage (or the estimate) and price it."""
     if reported is not None:
         parts = fit_split(split, reported.prompt_tokens)
-        output, cached = reported.completion_tokens, reported.cached_tokens
+        output, reasoning = reported.completion_tokens, reported.reasoning_tokens
+        cached, cache_write = reported.cached_tokens, reported.cache_write_tokens
     else:
-        parts, output, cached = split, estimated_output, 0
+        parts, output, reasoning, cached, cache_write = split, estimated_output, 0, 0, 0
+    # BackendUsage from usage.py already holds these bounds; one built by hand may not
+    cached = min(max(0, cached), parts.total)
+    cache_write = min(max(0, cache_write), parts.total - cached)
+    reasoning = min(max(0, reasoning), output)
     cost = None
     if price is not None:
         cost = price_usage(
@@ -72,7 +84,9 @@ def account(
             new=parts.new,
             tools=parts.tools,
             cached=cached,
+            cache_write=cache_write,
             output=output,
+            reasoning=reasoning,
             batch=batch,
         )
     return TokenUsage(
@@ -81,7 +95,9 @@ def account(
         new=parts.new,
         tools=parts.tools,
         cached=cached,
+        cache_write=cache_write,
         output=output,
+        reasoning=reasoning,
         prompt_total=parts.total,
         estimated=reported is None,
         non_text_parts=parts.non_text_parts,

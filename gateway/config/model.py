@@ -156,12 +156,21 @@ Amount = Annotated[str, msgspec.Meta(pattern=r"^\d+(\.\d+)?$")] | int | float
 
 
 class Price(_Base, frozen=True):
-    """A model's prices per million tokens (decimal strings keep them exact)."""
+    """A model's prices per million tokens (decimal strings keep them exact).
+
+    Each token is priced once, in its bucket: input uncached, cache read, cache write; output
+    visible, reasoning.
+    """
 
     input: Amount
     output: Amount
     #: prompt tokens the backend served from its cache; default: the input price
     cached_input: Amount | None = None
+    #: prompt tokens the backend wrote to its cache (e.g. Anthropic's cache creation, usually
+    #: dearer than input); default: the input price
+    cache_write_input: Amount | None = None
+    #: reasoning tokens (a part of the completion); default: the output price
+    reasoning: Amount | None = None
     #: multiplier for batch-class requests, e.g. "0.5" for a 50% batch discount
     batch_factor: Amount | None = None
 
@@ -172,6 +181,8 @@ class PriceOverride(_Base, frozen=True):
     input: Amount | None = None
     output: Amount | None = None
     cached_input: Amount | None = None
+    cache_write_input: Amount | None = None
+    reasoning: Amount | None = None
     batch_factor: Amount | None = None
 
 
@@ -181,6 +192,9 @@ class Prices(_Base, frozen=True):
     currency: str = "USD"
     #: default batch multiplier for every model
     batch_factor: Amount | None = None
+    #: charge a request that failed before any output for its tokens; by default it is
+    #: recorded with its token counts and a cost of 0
+    bill_failed: bool = False
     models: dict[str, Price] = msgspec.field(default_factory=dict)
     #: tenant -> model -> price (fields not given fall back to the model's price)
     tenants: dict[str, dict[str, PriceOverride]] = msgspec.field(default_factory=dict)
