@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway.accounting import StreamScanner, request_usage
-from gateway.accounting.meter import meter
+from gateway.accounting.meter import meter, meter_failed
 from gateway.context import RequestContext, client_request_id, new_request_id
 from gateway.errors import (
     GatewayError,
@@ -260,6 +260,12 @@ class Pipeline:
                     admitted.split if admitted is not None else None,
                     body=done.body, scanner=scanner, price=price,
                     batch=ctx.request_class == "batch")
+                if ctx.status >= 400:  # an error answer: no output was delivered
+                    ctx.usage = await meter_failed(
+                        counter, endpoint.operation, parsed.payload, size,
+                        admitted.split if admitted is not None else None, ctx.usage,
+                        price=price, batch=ctx.request_class == "batch",
+                        bill_failed=runtime.prices.bill_failed)
                 await self._record(runtime, ctx)
 
             try:
@@ -273,6 +279,13 @@ class Pipeline:
                         body=forwarded.body, scanner=scanner, price=price,
                         batch=ctx.request_class == "batch")
         finally:
+            if not ctx.recorded and (forwarded is None or ctx.first_token_ns is None):
+                # failed before any output: tokens counted, cost 0 unless prices.bill_failed
+                ctx.usage = await meter_failed(
+                    counter, endpoint.operation, parsed.payload, size,
+                    admitted.split if admitted is not None else None, ctx.usage,
+                    price=price, batch=ctx.request_class == "batch",
+                    bill_failed=runtime.prices.bill_failed)
             if admitted is not None:  # settled in the background: the answer is complete
                 services.settle_later(admitted.admission.settle(*_actual(ctx.usage)))
 

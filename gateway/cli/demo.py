@@ -21,9 +21,9 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -178,12 +178,23 @@ def _wait_healthy(url: str, timeout: float = 20.0) -> None:
         time.sleep(0.1)
 
 
-def _banner(url: str, key: str) -> str:
+#: where the demo keeps its usage ledger (SQLite) across runs; GATEWAY_DEMO_DIR overrides it
+DEMO_DIR_ENV = "GATEWAY_DEMO_DIR"
+DEFAULT_DEMO_DIR = "gateway-data/demo"
+
+
+def demo_dir() -> Path:
+    return Path(os.environ.get(DEMO_DIR_ENV) or DEFAULT_DEMO_DIR).resolve()
+
+
+def _banner(url: str, key: str, data: Path) -> str:
     return f"""
 LLM gateway demo is running at {url}
 
   API key (demo, new each run): {key}
   models: demo-chat (interactive pool), demo-bulk (batch pool), demo-embed
+  usage ledger (kept across runs): {data / "ledger.db"}
+    curl -s {url}/v1/usage -H "Authorization: Bearer {key}"
 
 curl:
   curl -sN {url}/v1/chat/completions \\
@@ -219,8 +230,9 @@ def run_demo(host: str, port: int) -> int:
         data = demo_policy(
             urls["interactive"], urls["batch"], hashlib.sha256(key.encode()).hexdigest()
         )
-        # the demo's usage records live for the run only
-        data["store"] = {"spool_dir": tempfile.mkdtemp(prefix="gateway-demo-")}
+        # the demo's usage records outlive the run: SQLite in the demo's data directory
+        home = demo_dir()
+        data["store"] = {"data_dir": str(home), "spool_dir": str(home / "spool")}
         policy = parse_policy(data, "<demo>")
         validate(policy, "<demo>")
         config = uvicorn.Config(
@@ -232,7 +244,7 @@ def run_demo(host: str, port: int) -> int:
         )
         server = stopper.server = uvicorn.Server(config)
         shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-        print(_banner(f"http://{shown}:{port}", key), flush=True)
+        print(_banner(f"http://{shown}:{port}", key, home), flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             server.run()
         return 0

@@ -114,9 +114,9 @@ class _Estimate:
         ctx = self.ctx
         cost = 0
         if self.price is not None and any(s.unit == "cost" for s in self.scopes):
-            # spend budgets: the most this can cost
+            # spend budgets: the most this can cost (every token at its dearest rate)
             cost = price_usage(
-                self.price, system=split.system, history=split.history, new=split.new,
+                self.price.ceiling(), system=split.system, history=split.history, new=split.new,
                 tools=split.tools, cached=0, output=self.output,
                 batch=ctx.request_class == "batch",
             ).total

@@ -11,28 +11,41 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
 from tests.helpers import REPO, free_port, wait_http
 
 
-def test_demo_serves_and_stops() -> None:
+def _start_demo(home: Path) -> tuple[subprocess.Popen[str], int, str, str]:
+    """A demo process keeping its ledger in ``home``: (process, port, key, banner)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "demo", "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO, text=True,
+        env={**os.environ, "GATEWAY_DEMO_DIR": str(home)},
     )
+    wait_http(f"http://127.0.0.1:{port}/readyz", timeout=30, proc=proc)  # type: ignore[arg-type]
+    assert proc.stdout is not None
+    banner = ""
+    deadline = time.monotonic() + 10
+    while "Ctrl-C" not in banner and time.monotonic() < deadline:
+        banner += proc.stdout.readline()
+    key = re.search(r"sk-gw-[A-Za-z0-9_-]{40,}", banner)
+    assert key, banner
+    return proc, port, key.group(0), banner
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=20) == 0
+
+
+def test_demo_serves_and_stops(tmp_path: Path) -> None:
+    proc, port, key, banner = _start_demo(tmp_path)
     try:
-        wait_http(f"http://127.0.0.1:{port}/readyz", timeout=30, proc=proc)  # type: ignore[arg-type]
-        assert proc.stdout is not None
-        banner = ""
-        deadline = time.monotonic() + 10
-        while "Ctrl-C" not in banner and time.monotonic() < deadline:
-            banner += proc.stdout.readline()
-        key = re.search(r"sk-gw-[A-Za-z0-9_-]{40,}", banner)
-        assert key, banner
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key.group(0))
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key)
         for model, cls in (("demo-chat", "interactive"), ("demo-bulk", "batch")):
             raw = client.chat.completions.with_raw_response.create(
                 model=model, max_tokens=5, messages=[{"role": "user", "content": "hi"}]
@@ -49,9 +62,35 @@ def test_demo_serves_and_stops() -> None:
         assert len(client.embeddings.create(model="demo-embed", input="x").data) == 1
         assert f"curl -sN http://127.0.0.1:{port}/v1/chat/completions" in banner
         assert "from openai import OpenAI" in banner
+        assert str(tmp_path / "ledger.db") in banner
     finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 0
+        _stop(proc)
+
+
+def _requests_so_far(port: int, key: str) -> int:
+    r = httpx.get(f"http://127.0.0.1:{port}/v1/usage",
+                  headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200, r.text
+    return sum(row["requests"] for row in r.json()["data"])
+
+
+def test_demo_keeps_its_usage_across_a_restart(tmp_path: Path) -> None:
+    """The embedded ledger is a SQLite file: a second run still shows the first run's usage
+    (to the demo tenant, whatever key the run prints)."""
+    proc, port, key, _ = _start_demo(tmp_path)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key)
+        for _ in range(3):
+            client.chat.completions.create(model="demo-chat", max_tokens=2,
+                                           messages=[{"role": "user", "content": "hi"}])
+        assert _requests_so_far(port, key) == 3
+    finally:
+        _stop(proc)
+    proc, port, key, _ = _start_demo(tmp_path)
+    try:
+        assert _requests_so_far(port, key) == 3
+    finally:
+        _stop(proc)
 
 
 def _children(pid: int) -> list[int]:
@@ -90,13 +129,14 @@ def _port_free(port: int) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL],
                          ids=lambda s: signal.Signals(s).name)
-def test_demo_children_never_outlive_it(sig: int) -> None:
+def test_demo_children_never_outlive_it(sig: int, tmp_path: Path) -> None:
     """However the demo is stopped (a process manager's SIGTERM, Ctrl-C, a closed terminal's
     SIGHUP, or SIGKILL), its simulated engines stop too and their ports are free again."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "demo", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+        env={**os.environ, "GATEWAY_DEMO_DIR": str(tmp_path)},
     )
     sims: list[int] = []
     try:

@@ -158,6 +158,33 @@ def test_disconnect_and_retries_leave_one_record_each(setup) -> None:  # type: i
     assert cancelled["estimated"] is True and 0 < cancelled["output"] < 3000
     failed = next(r for r in records if r["outcome"] == "failed")
     assert failed["status"] == 502 and failed["attempts"] >= 1
+    # failed before any output: its prompt is counted, but it costs nothing (bill_failed off)
+    assert failed["prompt_total"] > 0 and failed["cost_micros"] == 0
+    assert cancelled["cost_micros"] > 0  # it did get output
+
+
+@pytest.mark.parametrize("bill_failed", [False, True])
+def test_failed_requests_cost_nothing_unless_billed(tmp_path: Path, bill_failed: bool) -> None:
+    """prices.bill_failed decides whether a request that failed before any output is charged;
+    its tokens are on the record either way."""
+    os.environ["GATEWAY_ADMIN_TOKEN"] = ADMIN
+    try:
+        with SimServer("interactive", speedup=10) as sim:
+            data = _policy(sim.url)
+            data["prices"]["bill_failed"] = bill_failed
+            with GatewayProcess(tmp_path, data) as gw:
+                r = httpx.post(gw.url + "/v1/chat/completions",
+                               headers={**AUTH, "x-sim-error-status": "500"},
+                               json={"model": "chat-model",
+                                     "messages": [{"role": "user", "content": "x " * 50}]})
+                assert r.status_code == 502
+                (record,) = _wait_records(gw, 1)
+    finally:
+        os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
+    assert record["outcome"] == "failed" and record["prompt_total"] > 50
+    assert (record["cost_micros"] > 0) is bill_failed
+    assert record["cost_micros"] == sum(record[f"cost_{k}"] for k in (
+        "system", "history", "new", "tools", "output", "reasoning"))
 
 
 def test_usage_export_cli(tmp_path: Path) -> None:
