@@ -426,9 +426,6 @@ class Store(_Base, frozen=True):
     #: days raw usage records are kept (whole day partitions are dropped); the hourly
     #: rollups that usage queries read are kept
     usage_retention_days: PositiveInt = 90
-    #: days a request id is remembered so a replayed record is not counted twice (~100 bytes
-    #: of Redis memory per request for this long)
-    usage_dedupe_days: PositiveInt = 35
 
 
 # --- batch jobs (issue 9) -------------------------------------------------------------------

@@ -32,7 +32,7 @@ __all__ = [
     "rows_from",
 ]
 
-#: the totals kept per group, in the order the Redis script receives them
+#: the totals kept per group, in the order the SQL stores read them from the rollups
 COUNTERS = (
     "requests",
     "system",
@@ -112,7 +112,7 @@ def counters_of(record: UsageRecord) -> tuple[int, ...]:
 
 
 def add_record(totals: dict[str, int], record: UsageRecord) -> None:
-    """Add one record to a ``{field: int}`` map, as the Redis script does (zeros skipped)."""
+    """Add one record to a ``{field: int}`` map, as the rollups sum it (zeros skipped)."""
     prefix = field_prefix(record)
     for name, value in zip(COUNTERS, counters_of(record), strict=True):
         if value:

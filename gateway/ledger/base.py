@@ -57,13 +57,11 @@ class LedgerSettings:
     """How the ledger batches, retains and replays.
 
     Args:
-        flush_interval: the longest a record waits in memory before its batch is flushed.
+        flush_interval: the longest a ``write_nowait`` record waits in memory before its
+            batch is flushed (``write_durable`` flushes at once).
         batch_size: flush at once when this many records wait; also the records per
-            Redis pipeline.
-        retention_days: how long day streams and day totals are kept after their day.
-        month_retention_days: how long month totals are kept after their month.
-        seen_ttl_days: how long a request id is remembered for de-duplication; a spool
-            replayed later than this could count its records twice.
+            transaction.
+        retention_days: how long raw records are kept after their day (the rollups stay).
         replay_interval: how often the spool is checked for records to replay.
         spool_segment_bytes: a spool file is rotated past this size.
     """
@@ -71,8 +69,6 @@ class LedgerSettings:
     flush_interval: float = 0.05
     batch_size: int = 256
     retention_days: int = 90
-    month_retention_days: int = 400
-    seen_ttl_days: int = 35
     replay_interval: float = 1.0
     spool_segment_bytes: int = 16 * 1024 * 1024
 

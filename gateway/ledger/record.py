@@ -6,8 +6,8 @@ truth. It carries ids and names only (``key_id``, never the key) so exports can 
 building. Its request id is the idempotency key: a record that reaches a store twice (a spool
 replayed after a crash, a retried flush) counts once.
 
-JSON is the one wire format (Redis stream field, spool lines, ``jsonl`` export): readable by
-``jq`` and by the other replicas, and msgspec encodes it in about a microsecond.
+JSON is the one wire format (spool lines, ``jsonl`` export): readable by ``jq`` and by the
+other replicas, and msgspec encodes it in about a microsecond.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def decode_records(lines: bytes) -> tuple[list[UsageRecord], int]:
     """Records of a JSONL blob and the number of lines that did not decode.
 
     A torn last line (a crash mid-write, before its fsync) is counted, not raised: it was
-    never reported durable, and one bad line must not keep the rest of a spool from Redis.
+    never reported durable, and one bad line must not keep the rest of a spool from the database.
     """
     records: list[UsageRecord] = []
     bad = 0

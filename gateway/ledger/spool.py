@@ -1,4 +1,4 @@
-"""The local spool: append-only JSON Lines files that hold records Redis could not take.
+"""The local spool: append-only JSON Lines files that hold records the database could not take.
 
 Durability is the point, so each ``append`` is one ``write`` of the whole batch and one
 ``fsync``; when it returns, the records survive a crash of the process (and of the machine,
