@@ -262,6 +262,16 @@ class Gateway:
         self.metrics.flush()
         self.access_log.close()
 
+    def _report_ledger(self) -> None:
+        ledger, st = self.ledger, self.ledger.stats
+        spool = getattr(ledger, "spool", None)
+        segments = len(spool.segment_paths()) if spool is not None else 0
+        self.metrics.set_ledger(
+            ledger.pending, segments,
+            {"stored": st.stored, "duplicate": st.duplicates, "spooled": st.spooled,
+             "replayed": st.replayed}, st.max_lag_ms)
+        st.max_lag_ms = 0.0  # the gauge reports the worst lag of each second
+
     async def _gauge_loop(self) -> None:
         """In-flight, queue depth, health and Redis reachability, once a second."""
         while True:
@@ -271,6 +281,7 @@ class Gateway:
                 for b in pool.backends:
                     self.metrics.set_inflight(pool.name, b.label, b.in_flight)
                     self.metrics.set_backend_health(pool.name, b.label, b.healthy(now))
+            self._report_ledger()
             degraded = getattr(self.quota, "degraded", None)
             if degraded is not None:
                 self.metrics.set_redis_up(not degraded)

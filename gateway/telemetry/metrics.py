@@ -261,6 +261,18 @@ class Metrics:
         # made on first report: an unlabelled gauge exists (as 0) from creation, which would
         # read "Redis down" for a gateway without Redis, or before its first check
         self.redis_up: Gauge | None = None
+        self.ledger_pending = Gauge("gateway_ledger_pending", "Usage records written but not "
+                                    "yet durable.", multiprocess_mode="livesum", registry=r)
+        self.ledger_spool = Gauge("gateway_ledger_spool_segments", "Spool files waiting for "
+                                  "the ledger database (0 when it keeps up).",
+                                  multiprocess_mode="livemax", registry=r)
+        self.ledger_records = Gauge("gateway_ledger_records", "Usage records since start, by "
+                                    "what became of them: stored, duplicate (a replay), spooled "
+                                    "(the database was away), replayed.", ["outcome"],
+                                    multiprocess_mode="livesum", registry=r)
+        self.ledger_lag = Gauge("gateway_ledger_commit_lag_seconds", "Longest wait from a "
+                                "record's write to its commit since the last report.",
+                                multiprocess_mode="livemax", registry=r)
 
     def __repr__(self) -> str:
         mode = "multiprocess" if self.multiprocess else "single"
@@ -392,6 +404,16 @@ class Metrics:
     def set_queue_depth(self, pool: str, depth: int) -> None:
         if self.enabled:
             self.queue_depth.labels(pool).set(depth)
+
+    def set_ledger(self, pending: int, spool_segments: int, outcomes: dict[str, int],
+                   lag_ms: float) -> None:
+        """The ledger's state, once a second: what waits, what spooled, how long commits took."""
+        if self.enabled:
+            self.ledger_pending.set(pending)
+            self.ledger_spool.set(spool_segments)
+            for outcome, count in outcomes.items():
+                self.ledger_records.labels(outcome).set(count)
+            self.ledger_lag.set(lag_ms / 1000)
 
     def set_redis_up(self, up: bool) -> None:
         if self.enabled:

@@ -198,3 +198,17 @@ def test_no_zero_series_with_empty_labels() -> None:
     assert names == {"gateway_requests_total", "gateway_request_duration_seconds_bucket",
                      "gateway_request_duration_seconds_count",
                      "gateway_request_duration_seconds_sum"}
+
+
+def test_ledger_state() -> None:
+    """What waits, what spooled and the worst commit lag reach /metrics as set."""
+    m = Metrics()
+    m.set_ledger(7, 2, {"stored": 100, "duplicate": 3, "spooled": 5, "replayed": 5}, 12.5)
+    body, _ = m.render()
+    assert value(body, "gateway_ledger_pending") == 7
+    assert value(body, "gateway_ledger_spool_segments") == 2
+    assert value(body, "gateway_ledger_records", outcome="stored") == 100
+    assert value(body, "gateway_ledger_records", outcome="duplicate") == 3
+    assert value(body, "gateway_ledger_commit_lag_seconds") == pytest.approx(0.0125)
+    off = Metrics(enabled=False)
+    off.set_ledger(1, 1, {"stored": 1}, 1.0)  # a no-op when metrics are off
