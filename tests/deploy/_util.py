@@ -17,7 +17,7 @@ DEPLOY = REPO / "deploy"
 KUSTOMIZE_DIRS = {
     "base": DEPLOY / "kubernetes" / "base",
     "example": DEPLOY / "kubernetes" / "overlays" / "example",
-    "dev-redis": DEPLOY / "kubernetes" / "overlays" / "dev-redis",
+    "dev": DEPLOY / "kubernetes" / "overlays" / "dev",
 }
 #: folders written by the observability work, referenced by path from ours
 COLLEAGUE_OWNED = (DEPLOY / "grafana", DEPLOY / "prometheus")

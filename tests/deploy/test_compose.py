@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -14,13 +14,20 @@ import pytest
 
 from gateway.config import load_policy
 from tests.deploy._util import COLLEAGUE_OWNED, DEPLOY, load_yaml, require_tool
+from tests.deploy.test_dockerfile import stages
 
 COMPOSE_FILE = DEPLOY / "compose.yaml"
 ENV_EXAMPLE = DEPLOY / ".env.example"
 POLICY_DIR = DEPLOY / "policies"
 GATEWAYS = ("gateway-1", "gateway-2")
 SIMS = {"sim-interactive": "interactive", "sim-batch": "batch"}
-EXPECTED = {*GATEWAYS, *SIMS, "nginx", "redis", "prometheus", "grafana", "otel-collector"}
+EXPECTED = {*GATEWAYS, *SIMS, "nginx", "redis", "postgres", "ledger-migrate", "prometheus",
+            "grafana", "otel-collector"}
+#: the one-shot migrate step and what it runs (the gateways wait for it to exit 0)
+MIGRATE = "ledger-migrate"
+MIGRATE_COMMAND = ["gateway", "db", "migrate", "--config", "/etc/gateway/policies"]
+#: the image's uid (deploy/Dockerfile USER)
+GATEWAY_UID = "10001"
 
 
 def compose() -> dict[str, Any]:
@@ -51,6 +58,35 @@ def policy_key_envs() -> set[str]:
         for pool in data.get("pools", []):
             names |= {b["api_key_env"] for b in pool["backends"] if "api_key_env" in b}
     return names
+
+
+def the_policy(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The compose policy through the gateway's own loader, with the env compose gives it."""
+    for var in policy_key_envs():
+        monkeypatch.setenv(var, f"test-{var}")
+    return load_policy(str(POLICY_DIR))
+
+
+def named_volumes(service: dict[str, Any]) -> dict[str, str]:
+    """container path -> named volume of a service's (short syntax) volume mounts."""
+    out = {}
+    for vol in service.get("volumes", []):
+        src, _, rest = vol.partition(":")
+        if not src.startswith((".", "/")):
+            out[rest.split(":")[0]] = src
+    return out
+
+
+def writable_mount(service: dict[str, Any], path: str) -> str | None:
+    """The named volume or tmpfs (``tmpfs:<path>``) under which ``path`` is writable."""
+    target = PurePosixPath(path)
+    for mount, volume in named_volumes(service).items():
+        if target.is_relative_to(mount):
+            return volume
+    for mount in service.get("tmpfs", []):
+        if target.is_relative_to(mount.split(":")[0]):
+            return f"tmpfs:{mount}"
+    return None
 
 
 def bind_sources() -> list[tuple[str, Path, str]]:
@@ -109,6 +145,7 @@ def test_gateways_share_image_policy_and_drain() -> None:
         assert grace >= drain + 5, f"{name}: stop_grace_period {grace}s <= drain_timeout {drain}s"
         env = svc["environment"]
         assert urlsplit(env["GATEWAY_REDIS_URL"]).hostname == "redis"
+        assert env["GATEWAY_LEDGER_URL"] == svcs[MIGRATE]["environment"]["GATEWAY_LEDGER_URL"]
         assert urlsplit(env["OTEL_EXPORTER_OTLP_ENDPOINT"]).hostname == "otel-collector"
         assert "GATEWAY_ADMIN_TOKEN" in env
         missing = policy_key_envs() - set(env)
@@ -132,6 +169,97 @@ def test_policy_is_valid_and_points_at_the_sim_services(monkeypatch: pytest.Monk
             assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
             assert int(cmd[cmd.index("--port") + 1]) == url.port
             assert sim["environment"]["HEALTHCHECK_URL"] == f"http://127.0.0.1:{url.port}/health"
+
+
+def test_postgres_service_pinned_persistent_healthchecked() -> None:
+    pg = services()["postgres"]
+    repo, _, tag = pg["image"].partition(":")
+    assert repo == "postgres" and tag and tag != "latest" and tag[0].isdigit(), pg["image"]
+    env = pg["environment"]
+    assert re.fullmatch(r"\$\{POSTGRES_PASSWORD:\?[^}]+\}", env["POSTGRES_PASSWORD"]), (
+        "the password comes from deploy/.env, required")
+    volumes = named_volumes(pg)
+    data = volumes.get("/var/lib/postgresql/data")
+    assert data in compose()["volumes"], "the data directory is a named volume"
+    assert PurePosixPath(env["PGDATA"]).is_relative_to("/var/lib/postgresql/data")
+    assert "ports" not in pg, "the database is reached on the compose network only"
+    test = pg["healthcheck"]["test"]
+    assert test[0] == "CMD" and test[1] == "pg_isready", test
+    args = dict(a.removeprefix("--").split("=", 1) for a in test[2:])
+    # TCP, not the socket: the image's first-start init server listens on the socket only
+    assert args["host"] == "127.0.0.1"
+    assert (args["username"], args["dbname"]) == (env["POSTGRES_USER"], env["POSTGRES_DB"])
+
+
+def unresolved(value: str) -> str:
+    """``${VAR:?message}`` (as written, before compose fills it in) -> ``VAR``."""
+    return re.sub(r"\$\{(\w+)[^}]*\}", r"\1", value)
+
+
+def test_ledger_url_names_the_postgres_service() -> None:
+    svcs = services()
+    pg = {k: unresolved(v) for k, v in svcs["postgres"]["environment"].items()}
+    for name in (*GATEWAYS, MIGRATE):
+        url = urlsplit(unresolved(svcs[name]["environment"]["GATEWAY_LEDGER_URL"]))
+        assert url.scheme == "postgresql" and url.hostname == "postgres" and url.port == 5432
+        assert url.username == pg["POSTGRES_USER"] and url.path == "/" + pg["POSTGRES_DB"]
+        assert url.password == pg["POSTGRES_PASSWORD"], f"{name}: not the service's password"
+
+
+def test_migrate_runs_once_before_the_gateways() -> None:
+    svcs = services()
+    migrate = svcs[MIGRATE]
+    assert migrate["image"] == svcs[GATEWAYS[0]]["image"]
+    assert [*migrate["entrypoint"], *migrate["command"]] == MIGRATE_COMMAND
+    assert "./policies:/etc/gateway/policies:ro" in migrate["volumes"]
+    assert migrate["restart"] == "no", "a one-shot that is restarted never completes"
+    assert migrate["healthcheck"] == {"disable": True}, "the image's check probes :8080"
+    assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert migrate["read_only"] is True
+    for name in GATEWAYS:
+        needs = svcs[name]["depends_on"]
+        assert needs[MIGRATE]["condition"] == "service_completed_successfully", name
+        assert needs["postgres"]["condition"] == "service_healthy", name
+
+
+def test_spool_and_data_on_each_gateways_own_volume(monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = the_policy(monkeypatch)
+    store, batch_files = policy.store, policy.batch.files_dir
+    svcs = services()
+    declared = set(compose()["volumes"])
+    state = {}
+    for name in GATEWAYS:
+        svc = svcs[name]
+        assert svc["read_only"] is True
+        spool = writable_mount(svc, store.spool_dir)
+        assert spool in declared, f"{name}: spool_dir {store.spool_dir} is not on a volume"
+        assert writable_mount(svc, store.data_dir) == spool
+        assert writable_mount(svc, batch_files) in declared
+        state[name] = spool
+    assert len(set(state.values())) == len(GATEWAYS), f"each gateway its own spool: {state}"
+    files = {writable_mount(svcs[name], batch_files) for name in GATEWAYS}
+    assert len(files) == 1, "batch files are shared by the gateways (any runner takes a batch)"
+    # opening the ledger creates the spool directory, so the migrate step needs it writable too
+    assert writable_mount(svcs[MIGRATE], store.spool_dir)
+
+
+def test_dockerfile_makes_the_mount_points_owned_by_the_gateway_user(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    policy = the_policy(monkeypatch)
+    runs = " ".join(args for kw, args in stages()[-1] if kw == "RUN")
+    owned = re.search(rf"chown {GATEWAY_UID}:{GATEWAY_UID} ([^&]+)", runs)
+    assert owned, "the runtime stage chowns its state directories to the image's user"
+    owned_dirs = owned.group(1).split()
+    mounts: set[str] = set()
+    for name in GATEWAYS:
+        mounts |= set(named_volumes(services()[name]))
+    mounts.discard("/etc/gateway/policies")
+    for path in (policy.store.spool_dir, policy.store.data_dir, policy.batch.files_dir):
+        mount = next(m for m in mounts if PurePosixPath(path).is_relative_to(m))
+        # a new named volume takes its owner from the image's directory at the mount point
+        assert mount in owned_dirs, f"{mount} (for {path}) is not created owned by the user"
+        assert re.search(rf"mkdir -p [^&]*{re.escape(mount)}(\s|$)", runs), mount
 
 
 def test_nginx_balances_both_gateways_unbuffered_with_keepalive() -> None:
@@ -190,6 +318,8 @@ def test_env_example_sets_every_required_variable() -> None:
     assert required, "compose requires its secrets with ${VAR:?message}"
     assert required <= set(env_example())
     assert policy_key_envs() <= set(env_example())
+    # pasted into GATEWAY_LEDGER_URL: an example that needs URL-escaping would mislead
+    assert re.fullmatch(r"[A-Za-z0-9_-]+", env_example()["POSTGRES_PASSWORD"])
 
 
 def test_docker_compose_config_accepts_it() -> None:
@@ -207,6 +337,14 @@ def test_docker_compose_config_accepts_it() -> None:
     gw = resolved["services"]["gateway-1"]
     assert gw["command"][-1] == env_example()["GATEWAY_WORKERS"]
     assert gw["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert gw["depends_on"][MIGRATE]["condition"] == "service_completed_successfully"
+    url = urlsplit(gw["environment"]["GATEWAY_LEDGER_URL"])
+    assert url.password == env_example()["POSTGRES_PASSWORD"]
+    pg = resolved["services"]["postgres"]
+    assert pg["environment"]["POSTGRES_PASSWORD"] == url.password
+    assert pg["healthcheck"]["test"][1] == "pg_isready"
+    migrate = resolved["services"][MIGRATE]
+    assert [*migrate["entrypoint"], *migrate["command"]] == MIGRATE_COMMAND
 
 
 def test_compose_spec_schema() -> None:
