@@ -21,8 +21,7 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from gateway.ledger.aggregate import COUNTERS, field_prefix
@@ -275,7 +274,7 @@ class SqlLedger(Ledger):
 
     async def expire(self, today: date | None = None) -> int:
         """Drop the records of days past ``retention_days`` (the rollups stay)."""
-        today = today or date.fromtimestamp(time.time())
+        today = today or datetime.now(UTC).date()  # records are partitioned by UTC day
         cutoff = date.fromordinal(today.toordinal() - self.settings.retention_days)
         return await self._expire(cutoff)
 
