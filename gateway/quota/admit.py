@@ -83,8 +83,8 @@ async def admit(
     headers = ratelimit_headers(decision.ratelimit) if decision.ratelimit else []
     if not decision.admitted:
         name = str(decision.limit)
-        if (decision.scope or "").startswith("cost"):  # spend budgets count cost
-            name = name.replace("tokens_", "cost_")
+        if any(s.unit == "cost" for s in scopes if s.name == decision.scope):
+            name = name.replace("tokens_", "cost_")  # spend budgets count cost
         ctx.quota = f"rejected:{name}"
         if on_refused is not None:
             on_refused(name, ctx.tenant)
