@@ -120,3 +120,18 @@ def test_bad_placements_are_refused(tmp_path: Path, changes: dict[str, Any], fie
         load_policy(path)
     assert err.value.field == field, err.value
     assert problem in err.value.problem, err.value
+
+
+def test_the_shipped_example_loads() -> None:
+    """policies/example-budgets.yaml (the README's example) loads and places as documented."""
+    from tests.helpers import REPO
+
+    runtime = Runtime(load_policy(REPO / "policies" / "example-budgets.yaml"))
+    assert runtime.placement("search") == ("platform", "acme")
+    assert runtime.placement("lab") == (None, None)
+    names = [s.name for s in runtime.scopes("search", "search-ci", {"tokens_per_day": 200000},
+                                            "llama-3.1-8b-chat")]
+    assert names == ["org:acme", "team:platform", "tenant:search", "tenant:search/key:search-ci",
+                     "org:acme/cost", "team:platform/cost", "tenant:search/cost"]
+    assert runtime.alerts_for("acme").webhook_url_env == "ACME_BUDGET_WEBHOOK_URL"
+    assert runtime.alerts_for(None).thresholds == [80, 100]
