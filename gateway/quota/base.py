@@ -80,6 +80,9 @@ class QuotaRequest(msgspec.Struct, frozen=True, kw_only=True):
     lease_ttl: float = DEFAULT_LEASE_TTL
     #: for scopes of unit "cost": the caller's upper bound of the cost, in micro-units
     estimated_cost: int = 0
+    #: a refusal by a watched budget fires its 100 % alert; False for a probe that will be
+    #: tried again with a smaller estimate (``admit``'s bound on a large body)
+    refusal_alerts: bool = True
 
     def __post_init__(self) -> None:
         tenant_tag(self.tenant)  # raises on ids that would break the hash tag

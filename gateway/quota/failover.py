@@ -197,6 +197,7 @@ class FailoverQuotaStore(QuotaStore):
             model=request.model,
             lease_ttl=request.lease_ttl,
             estimated_cost=request.estimated_cost,
+            refusal_alerts=request.refusal_alerts,
         )
 
     def _local_limits(self, limits: Limits) -> Limits:

@@ -241,9 +241,11 @@ class MemoryQuotaStore(QuotaStore):
             for name, wait in failures:
                 if worst is None or wait > worst[0]:
                     worst = (wait, scope.name, name)
-                if scope.alerts is not None and name == "tokens_per_day":
+                if scope.alerts is None or not request.refusal_alerts:
+                    continue
+                if name == "tokens_per_day":
                     self._alert(refused, scope, state, request.tenant, "day", day, True, now)
-                elif scope.alerts is not None and name == "tokens_per_month":
+                elif name == "tokens_per_month":
                     self._alert(refused, scope, state, request.tenant, "month", month, True, now)
         emit(self._alerts, refused)
         return worst

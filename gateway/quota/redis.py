@@ -95,6 +95,9 @@ class _Parts:
     settle_head: bytes
     window: bytes
     settle_tail: bytes
+    #: the reserve's ``thresholds`` argument: the scopes' own, and only commas (no alerts)
+    alerting: bytes
+    silent: bytes
 
     @classmethod
     def build(cls, store: RedisQuotaStore, tenant: str, scopes: tuple[Scope, ...],
@@ -108,11 +111,11 @@ class _Parts:
                     + bulk(nkeys))
 
         limits = b"".join(bulk(v) for v in (round(lease_ttl * 1e6), store._window_us,
-                                              store._record_ttl_ms(lease_ttl), _wire(scopes),
-                                              _thresholds(scopes)))
+                                              store._record_ttl_ms(lease_ttl), _wire(scopes)))
         return cls(scopes, record_prefix(tenant, partition), keys, head(store._reserve, 9),
                    limits, head(store._settle, 6), bulk(store._window_us),
-                   bulk(_wire(scopes)) + bulk(_thresholds(scopes)))
+                   bulk(_wire(scopes)) + bulk(_thresholds(scopes)),
+                   bulk(_thresholds(scopes)), bulk("," * len(scopes)))
 
     def command(self, head: bytes, request_id: str, first: int, middle: bytes, last: int,
                 tail: bytes) -> bytes:
@@ -309,10 +312,12 @@ class RedisQuotaStore(QuotaStore):
         """The reserve's keys and arguments (the tests' reference for ``_reserve_encoded``)."""
         keys = self._keys(request.tenant, request.request_id, request.scopes)
         calendar = _calendar_text(partition_of(request.scopes), time.time())
+        thresholds = (_thresholds(request.scopes) if request.refusal_alerts
+                      else "," * len(request.scopes))
         return keys, [request.request_id, request.estimated_tokens,
                       round(request.lease_ttl * 1e6), self._window_us,
                       self._record_ttl_ms(request.lease_ttl), _wire(request.scopes),
-                      _thresholds(request.scopes), request.estimated_cost, calendar]
+                      request.estimated_cost, thresholds, calendar]
 
     def _settle_args(self, reservation: Reservation, tokens: int, cost: int
                      ) -> tuple[list[str], list[Any]]:
@@ -326,7 +331,8 @@ class RedisQuotaStore(QuotaStore):
         parts = self._parts_of(request.tenant, request.scopes, request.lease_ttl)
         return parts.command(parts.reserve_head, request.request_id, request.estimated_tokens,
                              parts.reserve_limits, request.estimated_cost,
-                             self._calendars.of(partition_of(request.scopes)))
+                             (parts.alerting if request.refusal_alerts else parts.silent)
+                             + self._calendars.of(partition_of(request.scopes)))
 
     def _settle_encoded(self, reservation: Reservation, tokens: int, cost: int) -> bytes:
         parts = self._parts_of(reservation.tenant, reservation.scopes, reservation.lease_ttl)

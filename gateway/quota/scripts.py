@@ -10,7 +10,7 @@ Wire format (``-1`` = limit unset; five limits per scope in ``LIMIT_NAMES`` orde
     RESERVE KEYS: record, scope base...   ARGV: rid, estimate, lease_us, window_us,
                                                 record_ttl_ms, limits ("r,t,c,d,m,u," per
                                                 scope, u = unit 0 tokens / 1 cost),
-                                                thresholds, estimated cost, calendar
+                                                estimated cost, thresholds, calendar
             -> {1, now_us, lease_expiry_us, RL...}            admitted
                {2, now_us, lease_expiry_us}                   already reserved (same id)
                {0, scope index, limit code, wait_us, RL..., A...}   refused (codes 1..5 =
@@ -27,10 +27,10 @@ Wire format (``-1`` = limit unset; five limits per scope in ``LIMIT_NAMES`` orde
                                               month tokens}
 
 ``thresholds``: per scope, its alert percentages ``"50.80.100,"`` (just ``","`` for a scope
-without alerts). ``A``: the budget alerts that fired, five numbers each: scope index, limit
-code (4 day, 5 month), period id, threshold, usage (``alerts.py``). A threshold fires once per
-(scope, period): ``<budget counter>:a`` is a hash of the thresholds that fired, with the
-counter's TTL.
+without alerts; a reserve sends only commas when its refusal must not alert). ``A``: the
+budget alerts that fired, five numbers each: scope index, limit code (4 day, 5 month), period
+id, threshold, usage (``alerts.py``). A threshold fires once per (scope, period):
+``<budget counter>:a`` is a hash of the thresholds that fired, with the counter's TTL.
 
 ``calendar``: empty for UTC (the script's own arithmetic on ``TIME``), else the day before,
 of and after now in the partition's zone, then the three months, ``"id,start_us,end_us,"``
@@ -216,9 +216,9 @@ end
 
 local L = parse_limits(ARGV[6])
 if #L ~= 6 * n then return redis.error_reply('quota: limits do not match the scopes') end
-local T = parse_thresholds(ARGV[7])
+local T = parse_thresholds(ARGV[8])
 if T and #T ~= n then return redis.error_reply('quota: thresholds do not match the scopes') end
-local est_tokens, est_cost = est, tonumber(ARGV[8] or '0')
+local est_tokens, est_cost = est, tonumber(ARGV[7] or '0')
 local units = {}
 local refusals = {}  -- budgets that refuse in scopes with alerts: {i, code, counter, limit}
 

@@ -215,3 +215,17 @@ async def test_org_keys_share_the_org_tag(redis_proc: RedisProc, org: Partition)
                         f"{tag}:s:tenant:acme:d:{day}"]
     finally:
         await store.aclose()
+
+
+async def test_a_probe_refusal_alerts_nobody(make_store: StoreFactory, org: Partition) -> None:
+    """``admit`` first reserves a large body on a byte bound that the exact count may undo:
+    that probe's refusal fires nothing; the real refusal after it does."""
+    sink = Sink()
+    store = make_store(alerts=sink)
+    scopes = org_scopes(org, "a", tenant_day=1000)
+    probe = QuotaRequest(request_id=uuid.uuid4().hex, tenant="a", scopes=scopes,
+                         estimated_tokens=5000, refusal_alerts=False)
+    assert not (await store.reserve(probe)).admitted
+    assert sink.alerts == []
+    assert not (await store.reserve(request("a", scopes, 5000))).admitted
+    assert sink.fired() == [("tenant", "a", 100, "refusal")]

@@ -44,14 +44,16 @@ def _store() -> RedisQuotaStore:
 @given(tenant=_tenants, scopes=_scopes, request_ids=st.lists(st.text(min_size=1, max_size=30),
                                                              min_size=1, max_size=4),
        estimate=_counts, cost=_counts, lease=st.sampled_from([30.0, 0.5, 2.25]),
-       used=_counts, spent=st.integers(min_value=-1, max_value=2**60))
+       used=_counts, spent=st.integers(min_value=-1, max_value=2**60),
+       refusal_alerts=st.booleans())
 def test_pre_encoded_commands_equal_the_generic_encoding(
         tenant: str, scopes: tuple[Scope, ...], request_ids: list[str], estimate: int,
-        cost: int, lease: float, used: int, spent: int) -> None:
+        cost: int, lease: float, used: int, spent: int, refusal_alerts: bool) -> None:
     store = _store()
     for rid in request_ids * 2:  # the second pass reads the cached parts
         request = QuotaRequest(request_id=rid, tenant=tenant, scopes=scopes,
-                               estimated_tokens=estimate, estimated_cost=cost, lease_ttl=lease)
+                               estimated_tokens=estimate, estimated_cost=cost, lease_ttl=lease,
+                               refusal_alerts=refusal_alerts)
         keys, args = store._reserve_args(request)
         reserve = ("EVALSHA", store._reserve.sha, len(keys), *keys, *args)
         assert store._reserve_encoded(request) == encode_command(reserve)
