@@ -1,4 +1,5 @@
-"""One policy's state: keys, tenants and plans, models, the router, timeouts, prices.
+"""One policy's state: keys, tenants and plans (and their teams and organizations), models, the
+router, timeouts, prices.
 
 A reload builds a new :class:`Runtime` and swaps it in one assignment; a request reads the
 current one once when it starts and keeps that snapshot, so in-flight requests finish under the
@@ -22,7 +23,7 @@ from gateway.routing.router import Router
 
 if TYPE_CHECKING:
     from gateway.auth.keystore import KeyStore
-    from gateway.config import ApiKey, Model, Plan, Policy, Tenant
+    from gateway.config import Alerts, ApiKey, Model, Organization, Plan, Policy, Team, Tenant
     from gateway.quota import Scope
 
 __all__ = ["Runtime"]
@@ -51,6 +52,14 @@ class Runtime:
         )
         self.tenants: dict[str, Tenant] = {t.name: t for t in policy.tenants}
         self.plans: dict[str, Plan] = {p.name: p for p in policy.plans}
+        self.organizations: dict[str, Organization] = {o.name: o for o in policy.organizations}
+        self.teams: dict[str, Team] = {t.name: t for t in policy.teams}
+        #: tenant -> (team, organization), for the usage record and the quota scopes
+        self._placements: dict[str, tuple[str | None, str | None]] = {
+            t.name: (t.team, self.teams[t.team].organization if t.team in self.teams
+                     else t.organization)
+            for t in policy.tenants if t.team is not None or t.organization is not None
+        }
         self._scopes: dict[tuple[str | None, str | None, str], tuple[Scope, ...]] = {}
         self.models: dict[str, Model] = {m.name: m for m in policy.models}
         self.router: Router = Router(policy, previous.router if previous is not None else None)
@@ -69,11 +78,28 @@ class Runtime:
         if scopes is None:
             t = self.tenants.get(tenant or "")
             plan = self.plans.get(t.plan) if t is not None else None
-            scopes = scopes_for(plan, key_id, key_limits, model)
+            team_name, org_name = self.placement(tenant)
+            org = self.organizations.get(org_name) if org_name is not None else None
+            scopes = scopes_for(
+                plan, key_id, key_limits, model, tenant=tenant,
+                team=self.teams.get(team_name) if team_name is not None else None,
+                organization=org, thresholds=tuple(self.alerts_for(org_name).thresholds))
             if len(self._scopes) > 10_000:
                 self._scopes.clear()
             self._scopes[cache_key] = scopes
         return scopes
+
+    def placement(self, tenant: str | None) -> tuple[str | None, str | None]:
+        """The (team, organization) a tenant belongs to; (None, None) outside any."""
+        return self._placements.get(tenant or "", (None, None))
+
+    def alerts_for(self, organization: str | None) -> Alerts:
+        """The budget alert settings of an organization's levels (its own, else the
+        policy's), or of tenants outside any organization (``None``)."""
+        org = self.organizations.get(organization) if organization is not None else None
+        if org is not None and org.alerts is not None:
+            return org.alerts
+        return self.policy.alerts
 
     def __repr__(self) -> str:
         return f"<Runtime [pools: {len(self.router.pools)} | models: {len(self.models)}]>"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.accounting import PromptCounter
+from gateway.alerts import BudgetAlerts, WebhookSender
 from gateway.app.workers import Siblings, workers_dir
 from gateway.auth.keystore import KeyStore
 from gateway.auth.manage import open_keystore
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
     from gateway.batch import Execute, LineCall
     from gateway.config import Policy, Store
+    from gateway.quota.alerts import AlertSink
 
 __all__ = ["METRICS_TOKEN_ENV", "SIBLING_RELOAD_TIMEOUT", "Gateway"]
 
@@ -62,6 +64,8 @@ def _secrets(policy: Policy) -> tuple[str, ...]:
     names = {b.api_key_env for p in policy.pools for b in p.backends if b.api_key_env}
     names |= {"GATEWAY_ADMIN_TOKEN", METRICS_TOKEN_ENV, policy.auth.key_secret_env,
               policy.store.redis_url_env, policy.store.ledger_url_env}
+    for alerts in (policy.alerts, *(o.alerts for o in policy.organizations if o.alerts)):
+        names |= {n for n in (alerts.webhook_url_env, alerts.webhook_secret_env) if n}
     return tuple(v for n in sorted(names) if (v := os.environ.get(n)) and len(v) >= 6)
 
 
@@ -81,12 +85,14 @@ def make_ledger(store: Store) -> Ledger:
                        migrate=store.ledger_migrate, deadline=store.ledger_timeout)
 
 
-def make_quota_store(store: Store) -> QuotaStore:
-    """Redis (exact across replicas, with the policy's outage mode) or this process only."""
+def make_quota_store(store: Store, alerts: AlertSink | None = None) -> QuotaStore:
+    """Redis (exact across replicas, with the policy's outage mode) or this process only;
+    budget threshold alerts go to ``alerts``."""
     url = os.environ.get(store.redis_url_env)
     if not url:
-        return MemoryQuotaStore()
-    primary = RedisQuotaStore.from_url(url, cluster=store.cluster, timeout=store.timeout)
+        return MemoryQuotaStore(alerts=alerts)
+    primary = RedisQuotaStore.from_url(url, cluster=store.cluster, timeout=store.timeout,
+                                       alerts=alerts)
 
     def on_change(degraded: bool) -> None:
         if degraded:
@@ -124,7 +130,6 @@ class Gateway:
         self.upstream = make_upstream(
             server.upstream_client, server.timeouts, server.keepalive_per_backend
         )
-        self.quota = make_quota_store(policy.store)
         self.ledger = make_ledger(policy.store)
         self.tracing = RequestTracing.from_env()
         self.metrics = Metrics(
@@ -133,6 +138,12 @@ class Gateway:
             # tenants and their spend only on a protected /metrics
             tenant_series=bool(os.environ.get(METRICS_TOKEN_ENV)),
         )
+        # budget alerts: log, metric and webhook, with the settings of the policy in force
+        self.alerts = BudgetAlerts(
+            lambda org: self.runtime.alerts_for(org),
+            WebhookSender(on_outcome=self.metrics.budget_webhook), metrics=self.metrics,
+            currency=lambda: self.runtime.policy.prices.currency)
+        self.quota = make_quota_store(policy.store, self.alerts)
         self.access_log = setup_logging(LogSettings.from_env(secrets=_secrets(policy)))
         self.finished = FinishedRequests(self.metrics, self.access_log)
         self._gauges: asyncio.Task[None] | None = None
@@ -184,6 +195,7 @@ class Gateway:
             await self.siblings.start()
         await self.upstream.start()
         await self.ledger.start()
+        self.alerts.start()
         await self.batches.open()  # batch jobs (issue 9)
         if self.runtime.policy.batch.run:
             self.batch_runner.start()
@@ -253,6 +265,7 @@ class Gateway:
         if self.keystore is not None:
             await self.keystore.aclose()
         await self.quota.aclose()
+        await self.alerts.aclose()  # webhooks still queued get a short drain
         if self._gauges is not None:
             self._gauges.cancel()
         await self.ledger.close()  # drains buffered usage records to the database or the spool

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gateway.config.load import PolicyError, key_hashes, load_policy, parse_policy, validate
 from gateway.config.model import (
     Affinity,
+    Alerts,
     ApiKey,
     Auth,
     Backend,
@@ -13,6 +14,7 @@ from gateway.config.model import (
     Health,
     LimitSet,
     Model,
+    Organization,
     Plan,
     Policy,
     Pool,
@@ -24,6 +26,7 @@ from gateway.config.model import (
     Shadow,
     Signals,
     Store,
+    Team,
     Tenant,
     Timeouts,
     Version,
@@ -31,6 +34,7 @@ from gateway.config.model import (
 
 __all__ = [
     "Affinity",
+    "Alerts",
     "ApiKey",
     "Auth",
     "Backend",
@@ -39,6 +43,7 @@ __all__ = [
     "Health",
     "LimitSet",
     "Model",
+    "Organization",
     "Plan",
     "Policy",
     "PolicyError",
@@ -51,6 +56,7 @@ __all__ = [
     "Shadow",
     "Signals",
     "Store",
+    "Team",
     "Tenant",
     "Timeouts",
     "Version",

@@ -11,12 +11,16 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 import yaml
 
 from gateway.config.model import Policy
+
+if TYPE_CHECKING:
+    from gateway.config.model import Alerts
 
 __all__ = ["PolicyError", "key_hashes", "load_policy", "parse_policy"]
 
@@ -142,6 +146,7 @@ def validate(policy: Policy, source: str = "<policy>") -> None:
         raise PolicyError(source, "$.auth.keys", "auth.required is true but no key is configured"
                           " (no static keys, no keys_file, no Redis for managed keys)")
     _validate_tenants(policy, source)
+    _validate_organizations(policy, source)
     _validate_batch(policy, source)
 
 
@@ -216,6 +221,67 @@ def _validate_tenants(policy: Policy, source: str) -> None:
         for name in plan.models:
             if name not in models:
                 raise PolicyError(source, f"$.plans[{i}].models.{name}", f"unknown model {name!r}")
+
+
+def _known_zone(name: str) -> bool:
+    """True for ``UTC`` and for IANA names the installed tzdata has (nothing downloads)."""
+    if name == "UTC":
+        return True
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
+
+
+def _validate_alerts(alerts: Alerts, source: str, field: str) -> None:
+    thresholds = alerts.thresholds
+    if len(set(thresholds)) != len(thresholds):
+        raise PolicyError(source, f"{field}.thresholds", f"repeated threshold in {thresholds}")
+    if alerts.webhook_url_env is not None and alerts.webhook_secret_env is None:
+        raise PolicyError(source, f"{field}.webhook_secret_env",
+                          "a webhook needs webhook_secret_env (its body is HMAC-signed)")
+    if alerts.webhook_secret_env is not None and alerts.webhook_url_env is None:
+        raise PolicyError(source, f"{field}.webhook_url_env",
+                          "webhook_secret_env is set but webhook_url_env is not")
+
+
+def _validate_organizations(policy: Policy, source: str) -> None:
+    """Organizations hold teams, teams hold tenants; every name must resolve. A cycle cannot
+    be written: a team names an organization, a tenant a team or an organization."""
+    _unique([o.name for o in policy.organizations], source, "organizations")
+    _unique([t.name for t in policy.teams], source, "teams")
+    orgs = {o.name for o in policy.organizations}
+    known_orgs = ", ".join(sorted(orgs)) or "none declared"
+    _validate_alerts(policy.alerts, source, "$.alerts")
+    for i, org in enumerate(policy.organizations):
+        if not _known_zone(org.timezone):
+            raise PolicyError(source, f"$.organizations[{i}].timezone",
+                              f"unknown timezone {org.timezone!r} (an IANA name such as "
+                              "'Europe/Paris' from the installed tzdata, or 'UTC')")
+        if org.alerts is not None:
+            _validate_alerts(org.alerts, source, f"$.organizations[{i}].alerts")
+    team_orgs: dict[str, str] = {}
+    for i, team in enumerate(policy.teams):
+        if team.organization not in orgs:
+            raise PolicyError(source, f"$.teams[{i}].organization",
+                              f"unknown organization {team.organization!r} "
+                              f"(organizations: {known_orgs})")
+        team_orgs[team.name] = team.organization
+    known_teams = ", ".join(sorted(team_orgs)) or "none declared"
+    for i, tenant in enumerate(policy.tenants):
+        if tenant.team is not None and tenant.team not in team_orgs:
+            raise PolicyError(source, f"$.tenants[{i}].team",
+                              f"unknown team {tenant.team!r} (teams: {known_teams})")
+        if tenant.organization is not None and tenant.organization not in orgs:
+            raise PolicyError(source, f"$.tenants[{i}].organization",
+                              f"unknown organization {tenant.organization!r} "
+                              f"(organizations: {known_orgs})")
+        if (tenant.team is not None and tenant.organization is not None
+                and team_orgs[tenant.team] != tenant.organization):
+            raise PolicyError(source, f"$.tenants[{i}].organization",
+                              f"team {tenant.team!r} belongs to organization "
+                              f"{team_orgs[tenant.team]!r}, not {tenant.organization!r}")
 
 
 def key_hashes(policy: Policy) -> dict[str, str]:

@@ -13,6 +13,7 @@ import msgspec
 
 __all__ = [
     "Affinity",
+    "Alerts",
     "ApiKey",
     "Auth",
     "Backend",
@@ -22,6 +23,7 @@ __all__ = [
     "Health",
     "LimitSet",
     "Model",
+    "Organization",
     "Plan",
     "Policy",
     "Pool",
@@ -35,6 +37,7 @@ __all__ = [
     "Shadow",
     "Signals",
     "Store",
+    "Team",
     "Tenant",
     "Timeouts",
     "Version",
@@ -363,10 +366,10 @@ class LimitSet(_Base, frozen=True):
     tpm: NonNegInt | None = None
     #: requests in flight at once
     concurrency: NonNegInt | None = None
-    #: input + output tokens per UTC day / month
+    #: input + output tokens per calendar day / month (UTC, or the organization's timezone)
     tokens_per_day: NonNegInt | None = None
     tokens_per_month: NonNegInt | None = None
-    #: spend per UTC day / month in the price currency (e.g. "25.00"), from ``prices``
+    #: spend per calendar day / month in the price currency (e.g. "25.00"), from ``prices``
     cost_per_day: Amount | None = None
     cost_per_month: Amount | None = None
 
@@ -379,6 +382,47 @@ class Plan(_Base, frozen=True):
     models: dict[str, LimitSet] = msgspec.field(default_factory=dict)
 
 
+# --- organizations, teams and budget alerts (issue 16) ---------------------------------------
+#: organization and team names: no ``:`` or ``/`` (they separate the names of quota scopes)
+GroupName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+Percent = Annotated[int, msgspec.Meta(ge=1, le=100)]
+
+
+class Alerts(_Base, frozen=True):
+    """Budget alerts: a log event, a metric and (with a webhook) an HMAC-signed POST when a day
+    or month budget (tokens or spend) of an organization, team, tenant or key crosses one of
+    ``thresholds`` - once per budget, period and threshold across all replicas."""
+
+    #: percentages of each day/month budget that alert, in 1..100
+    thresholds: Annotated[list[Percent], msgspec.Meta(min_length=1)] = msgspec.field(
+        default_factory=lambda: [50, 80, 100])
+    #: environment variable holding the webhook URL (http:// or https://); unset: no webhook
+    webhook_url_env: str | None = None
+    #: environment variable holding the secret that signs the webhook body (HMAC-SHA256)
+    webhook_secret_env: str | None = None
+
+
+class Organization(_Base, frozen=True):
+    """Holds teams, which hold tenants: its limits bind all of them together."""
+
+    name: GroupName
+    limits: LimitSet = msgspec.field(default_factory=LimitSet)
+    #: the calendar of the day/month budgets of the organization, its teams and its tenants:
+    #: "UTC" or an IANA name ("Europe/Paris") from the installed tzdata
+    timezone: str = "UTC"
+    #: budget alerts of the organization and everything in it (default: the policy's
+    #: ``alerts``)
+    alerts: Alerts | None = None
+
+
+class Team(_Base, frozen=True):
+    """A group of tenants inside one organization, with limits of its own."""
+
+    name: GroupName
+    organization: GroupName
+    limits: LimitSet = msgspec.field(default_factory=LimitSet)
+
+
 class Tenant(_Base, frozen=True):
     """A customer of the gateway: its plan and defaults."""
 
@@ -388,6 +432,10 @@ class Tenant(_Base, frozen=True):
     default_class: Name | None = None
     #: record prompt and completion text in traces (off unless turned on per tenant)
     record_content: bool = False
+    #: the team this tenant belongs to (and so the team's organization)
+    team: GroupName | None = None
+    #: the organization this tenant belongs to without a team (or its team's, if repeated)
+    organization: GroupName | None = None
 
 
 class Store(_Base, frozen=True):
@@ -503,5 +551,9 @@ class Policy(_Base, frozen=True):
     prices: Prices = msgspec.field(default_factory=Prices)
     plans: list[Plan] = msgspec.field(default_factory=list)
     tenants: list[Tenant] = msgspec.field(default_factory=list)
+    organizations: list[Organization] = msgspec.field(default_factory=list)
+    teams: list[Team] = msgspec.field(default_factory=list)
+    #: budget alerts of tenants outside any organization, and of organizations that set none
+    alerts: Alerts = msgspec.field(default_factory=Alerts)
     store: Store = msgspec.field(default_factory=Store)
     batch: Batch = msgspec.field(default_factory=Batch)

@@ -1,11 +1,14 @@
 """Tenant limits, exact across replicas: one Redis round trip to admit, one to settle.
 
 ``base.py`` holds the interface (``QuotaStore``) and its values; ``memory.py``, ``redis.py`` and
-``failover.py`` the stores; ``scripts.py`` the Lua; ``keys.py`` the Redis key layout.
+``failover.py`` the stores; ``scripts.py`` the Lua; ``keys.py`` the Redis key layout;
+``limits.py`` scopes, organization partitions and budget calendars; ``alerts.py`` the budget
+threshold alerts the stores report.
 """
 
 from __future__ import annotations
 
+from gateway.quota.alerts import AlertSink, BudgetAlert
 from gateway.quota.base import (
     DEFAULT_LEASE_TTL,
     WINDOW,
@@ -26,7 +29,15 @@ from gateway.quota.errors import (
     QuotaUnavailable,
 )
 from gateway.quota.failover import FailoverMode, FailoverQuotaStore
-from gateway.quota.limits import LIMIT_NAMES, LimitName, Limits, Scope, build_scopes
+from gateway.quota.limits import (
+    LIMIT_NAMES,
+    AlertRule,
+    LimitName,
+    Limits,
+    Partition,
+    Scope,
+    build_scopes,
+)
 from gateway.quota.memory import MemoryQuotaStore
 from gateway.quota.redis import RedisQuotaStore
 from gateway.timers.backoff import Backoff
@@ -35,7 +46,10 @@ __all__ = [
     "DEFAULT_LEASE_TTL",
     "LIMIT_NAMES",
     "WINDOW",
+    "AlertRule",
+    "AlertSink",
     "Backoff",
+    "BudgetAlert",
     "Decision",
     "FailoverMode",
     "FailoverQuotaStore",
@@ -43,6 +57,7 @@ __all__ = [
     "LimitName",
     "Limits",
     "MemoryQuotaStore",
+    "Partition",
     "QuotaBackingOff",
     "QuotaConnectError",
     "QuotaError",

@@ -75,16 +75,16 @@ async def admit(
     if size <= OFFLOAD_BYTES:
         split = count_prompt(counter, operation, payload)
         decision = await estimate.reserve(split)
-    else:
-        decision = await estimate.reserve(PromptSplit(new=size))
+    else:  # the bound's refusal may be undone by the exact count: it alerts nobody
+        decision = await estimate.reserve(PromptSplit(new=size), final=False)
         if not decision.admitted and decision.limit in _TOKEN_LIMITS:
             split = await off_loop(lambda: count_prompt(counter, operation, payload))
             decision = await estimate.reserve(split)
     headers = ratelimit_headers(decision.ratelimit) if decision.ratelimit else []
     if not decision.admitted:
         name = str(decision.limit)
-        if (decision.scope or "").startswith("cost"):  # spend budgets count cost
-            name = name.replace("tokens_", "cost_")
+        if any(s.unit == "cost" for s in scopes if s.name == decision.scope):
+            name = name.replace("tokens_", "cost_")  # spend budgets count cost
         ctx.quota = f"rejected:{name}"
         if on_refused is not None:
             on_refused(name, ctx.tenant)
@@ -110,7 +110,7 @@ class _Estimate:
     output: int
     price: ModelPrice | None
 
-    async def reserve(self, split: PromptSplit) -> Decision:
+    async def reserve(self, split: PromptSplit, *, final: bool = True) -> Decision:
         ctx = self.ctx
         cost = 0
         if self.price is not None and any(s.unit == "cost" for s in self.scopes):
@@ -123,7 +123,7 @@ class _Estimate:
         request = QuotaRequest(
             request_id=ctx.request_id, tenant=ctx.tenant or "default", scopes=self.scopes,
             estimated_tokens=split.total + self.output, key_id=ctx.key_id, model=self.model,
-            estimated_cost=cost,
+            estimated_cost=cost, refusal_alerts=final,
         )
         try:
             return await self.admission.reserve(request)

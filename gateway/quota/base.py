@@ -1,6 +1,8 @@
 """The quota store interface and the values that cross it.
 
-A request is admitted against several scopes of one tenant at once (tenant, API key, model).
+A request is admitted against several scopes of one tenant at once (tenant, API key, model;
+and its team and organization when it has them: all scopes of one request then share the
+organization's ``Partition``).
 ``reserve`` checks every limit of every scope and reserves all of them or none; ``renew`` keeps a
 long request's concurrency lease alive; ``settle`` replaces the token estimate by the real count
 and frees the lease. Implementations: ``MemoryQuotaStore`` (one process, no Redis),
@@ -34,7 +36,7 @@ from gateway.quota.keys import tenant_tag
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from gateway.quota.limits import LimitName, Scope
+    from gateway.quota.limits import LimitName, Partition, Scope
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
@@ -46,6 +48,7 @@ __all__ = [
     "RateLimitState",
     "Reservation",
     "Usage",
+    "partition_of",
 ]
 
 WINDOW = 60.0
@@ -77,6 +80,9 @@ class QuotaRequest(msgspec.Struct, frozen=True, kw_only=True):
     lease_ttl: float = DEFAULT_LEASE_TTL
     #: for scopes of unit "cost": the caller's upper bound of the cost, in micro-units
     estimated_cost: int = 0
+    #: a refusal by a watched budget fires its 100 % alert; False for a probe that will be
+    #: tried again with a smaller estimate (``admit``'s bound on a large body)
+    refusal_alerts: bool = True
 
     def __post_init__(self) -> None:
         tenant_tag(self.tenant)  # raises on ids that would break the hash tag
@@ -88,6 +94,15 @@ class QuotaRequest(msgspec.Struct, frozen=True, kw_only=True):
             raise InvalidQuotaRequest(f"lease_ttl {self.lease_ttl} must be > 0")
         if len({s.name for s in self.scopes}) != len(self.scopes):
             raise InvalidQuotaRequest("scope names of one request must be distinct")
+        if self.scopes:
+            first = self.scopes[0].partition
+            if any(s.partition != first for s in self.scopes):
+                raise InvalidQuotaRequest("the scopes of one request must share one partition")
+
+
+def partition_of(scopes: tuple[Scope, ...]) -> Partition | None:
+    """The partition of a request's scopes (``QuotaRequest`` checks they share one)."""
+    return scopes[0].partition if scopes else None
 
 
 class Reservation(msgspec.Struct, frozen=True, kw_only=True):
@@ -222,8 +237,9 @@ class QuotaStore(ABC):
         return await self.settle(reservation, 0, 0)
 
     @abstractmethod
-    async def usage(self, tenant: str, scope: str) -> Usage:
-        """What ``scope`` of ``tenant`` uses now, for admin views and tests."""
+    async def usage(self, tenant: str, scope: str, partition: Partition | None = None) -> Usage:
+        """What ``scope`` of ``tenant`` uses now, for admin views and tests; a scope of an
+        organization is named with its ``partition`` (then ``tenant`` is not part of the key)."""
 
     async def ping(self) -> None:  # noqa: B027 - optional hook, a no-op in memory
         """Raise ``QuotaUnavailable`` unless the store answers (readiness, outage probes)."""

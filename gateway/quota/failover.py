@@ -8,13 +8,15 @@ background probe pings Redis, at most every ``probe_interval`` seconds and backi
 
 Reservations remember where they were made: a local one is renewed and settled locally; a
 settle of a Redis one that fails is queued and replayed when Redis is back (settle is
-idempotent by request id, so a replay never charges twice).
+idempotent by request id, so a replay never charges twice). Budget alerts come from the Redis
+store only: the local counters are this process's share, so they alert nobody.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections import deque
 from typing import TYPE_CHECKING, Literal
@@ -23,13 +25,14 @@ import msgspec
 
 from gateway.quota.base import QuotaRequest, QuotaStore
 from gateway.quota.errors import QuotaUnavailable
-from gateway.quota.limits import Limits, Scope
+from gateway.quota.limits import Limits
 from gateway.quota.memory import MemoryQuotaStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gateway.quota.base import Decision, Reservation, Usage
+    from gateway.quota.limits import Partition
     from gateway.quota.redis import RedisQuotaStore
 
 __all__ = ["FailoverMode", "FailoverQuotaStore"]
@@ -163,10 +166,10 @@ class FailoverQuotaStore(QuotaStore):
             self._pending.append((reservation, actual_tokens, actual_cost))
             return True
 
-    async def usage(self, tenant: str, scope: str) -> Usage:
+    async def usage(self, tenant: str, scope: str, partition: Partition | None = None) -> Usage:
         if self._degraded and self._mode == "open":
-            return await self._local.usage(tenant, scope)
-        return await self._primary.usage(tenant, scope)
+            return await self._local.usage(tenant, scope, partition)
+        return await self._primary.usage(tenant, scope, partition)
 
     async def ping(self) -> None:
         await self._primary.ping()
@@ -183,7 +186,7 @@ class FailoverQuotaStore(QuotaStore):
 
     def _local_request(self, request: QuotaRequest) -> QuotaRequest:
         scopes = tuple(
-            Scope(s.name, self._local_limits(s.limits), s.unit) for s in request.scopes
+            dataclasses.replace(s, limits=self._local_limits(s.limits)) for s in request.scopes
         )
         return QuotaRequest(
             request_id=request.request_id,
@@ -194,6 +197,7 @@ class FailoverQuotaStore(QuotaStore):
             model=request.model,
             lease_ttl=request.lease_ttl,
             estimated_cost=request.estimated_cost,
+            refusal_alerts=request.refusal_alerts,
         )
 
     def _local_limits(self, limits: Limits) -> Limits:

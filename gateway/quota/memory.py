@@ -3,6 +3,9 @@
 Used when no Redis URL is configured (demo, small installs) and, with each limit scaled to the
 process's share, as the fail-open fallback of ``FailoverQuotaStore``. Everything runs on the
 event loop thread with no ``await`` between check and reserve, so each step is atomic.
+Counters are kept per (owner, scope name), the owner being the tenant or the organization
+(``Partition.tag``), as the Redis store's hash tags are; budget alerts are deduplicated here,
+per process (``alerts.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gateway.quota.alerts import BudgetAlert, due, emit, make_alert
 from gateway.quota.base import (
     WINDOW,
     Decision,
@@ -19,14 +23,16 @@ from gateway.quota.base import (
     RateLimitState,
     Reservation,
     Usage,
+    partition_of,
 )
 from gateway.quota.limits import period_ids, seconds_to_next_day, seconds_to_next_month
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from gateway.quota.alerts import AlertSink, Kind
     from gateway.quota.base import QuotaRequest
-    from gateway.quota.limits import LimitName, Limits, Scope
+    from gateway.quota.limits import LimitName, Limits, Partition, Scope
 
 __all__ = ["RECORD_TTL", "MemoryQuotaStore"]
 
@@ -53,6 +59,8 @@ class _ScopeState:
     leases: dict[str, float] = field(default_factory=dict)
     days: dict[int, int] = field(default_factory=dict)
     months: dict[int, int] = field(default_factory=dict)
+    #: thresholds that alerted: ("day" | "month", period id, percent)
+    alerted: set[tuple[str, int, int]] = field(default_factory=set)
 
     def prune(self, now: float, window: float) -> None:
         """Drop window entries that are ``window`` seconds old (amortised O(1) per request)."""
@@ -69,7 +77,8 @@ class _ScopeState:
 
     @property
     def empty(self) -> bool:
-        return not (self.rpm_log or self.tpm_log or self.leases or self.days or self.months)
+        return not (self.rpm_log or self.tpm_log or self.leases or self.days or self.months
+                    or self.alerted)
 
 
 def _reset(limit: int | None, log: deque[tuple[float, str]] | None, now: float,
@@ -91,6 +100,11 @@ class _Record:
     expires: float
 
 
+def _owner(tenant: str, partition: Partition | None) -> str:
+    """Whose counters: the tenant's, or its organization's (the Redis store's hash tag)."""
+    return tenant if partition is None else partition.tag
+
+
 class MemoryQuotaStore(QuotaStore):
     """Exact limits for a single process, without Redis.
 
@@ -98,9 +112,10 @@ class MemoryQuotaStore(QuotaStore):
         clock: epoch seconds; injected by tests.
         window: length of the rolling rpm/tpm window (60 s; shorter in tests).
         record_ttl: how long an unrenewed reservation stays settleable.
+        alerts: where budget threshold alerts go (``alerts.py``); None: nowhere.
     """
 
-    __slots__ = ("_clock", "_ops", "_record_ttl", "_records", "_scopes", "_window")
+    __slots__ = ("_alerts", "_clock", "_ops", "_record_ttl", "_records", "_scopes", "_window")
 
     def __init__(
         self,
@@ -108,10 +123,12 @@ class MemoryQuotaStore(QuotaStore):
         clock: Callable[[], float] = time.time,
         window: float = WINDOW,
         record_ttl: float = RECORD_TTL,
+        alerts: AlertSink | None = None,
     ) -> None:
         self._clock = clock
         self._window = window
         self._record_ttl = record_ttl
+        self._alerts = alerts
         self._scopes: dict[tuple[str, str], _ScopeState] = {}
         self._records: dict[tuple[str, str], _Record] = {}
         self._ops = 0
@@ -126,13 +143,15 @@ class MemoryQuotaStore(QuotaStore):
         existing = self._records.get((request.tenant, request.request_id))
         if existing is not None and existing.expires > now:
             return Decision(admitted=True, reservation=existing.reservation)
-        states = [self._state(request.tenant, s.name) for s in request.scopes]
-        worst = self._check(request, states, now)
+        owner = _owner(request.tenant, partition_of(request.scopes))
+        states = [self._state(owner, s.name) for s in request.scopes]
+        day, month = period_ids(now, request.scopes[0].timezone) if request.scopes else (0, 0)
+        worst = self._check(request, states, now, day, month)
         if worst is not None:  # nothing reserved: the figures as they stand
             return Decision(admitted=False, scope=worst[1], limit=worst[2],
                             retry_after=worst[0],
                             ratelimit=self._ratelimit(request.scopes, states, now))
-        reservation = self._apply(request, states, now)
+        reservation = self._apply(request, states, now, day, month)
         return Decision(admitted=True, reservation=reservation,
                         ratelimit=self._ratelimit(request.scopes, states, now))
 
@@ -143,10 +162,11 @@ class MemoryQuotaStore(QuotaStore):
             return False
         record.expires = now + max(self._record_ttl, 2 * reservation.lease_ttl)
         held = True
+        owner = _owner(reservation.tenant, partition_of(reservation.scopes))
         for scope in reservation.scopes:
             if scope.limits.concurrency is None:
                 continue
-            leases = self._state(reservation.tenant, scope.name).leases
+            leases = self._state(owner, scope.name).leases
             if leases.get(reservation.request_id, 0.0) > now:
                 leases[reservation.request_id] = now + reservation.lease_ttl
             else:
@@ -166,19 +186,30 @@ class MemoryQuotaStore(QuotaStore):
             0 if actual_cost is None else max(0, actual_cost) - record.reservation.estimated_cost
         )
         rid = reservation.request_id
-        for scope in record.reservation.scopes:
-            state = self._state(reservation.tenant, scope.name)
+        scopes = record.reservation.scopes
+        owner = _owner(reservation.tenant, partition_of(scopes))
+        fired: list[BudgetAlert] = []
+        for scope in scopes:
+            state = self._state(owner, scope.name)
             d = delta_cost if scope.unit == "cost" else delta
             self._settle_scope(state, scope.limits, record, rid, d, now)
+            if scope.alerts is not None:
+                if scope.limits.tokens_per_day is not None and record.day in state.days:
+                    self._alert(fired, scope, state, reservation.tenant, "day", record.day,
+                                False, now)
+                if scope.limits.tokens_per_month is not None and record.month in state.months:
+                    self._alert(fired, scope, state, reservation.tenant, "month", record.month,
+                                False, now)
+        emit(self._alerts, fired)
         return True
 
-    async def usage(self, tenant: str, scope: str) -> Usage:
+    async def usage(self, tenant: str, scope: str, partition: Partition | None = None) -> Usage:
         now = self._clock()
-        state = self._scopes.get((tenant, scope))
+        state = self._scopes.get((_owner(tenant, partition), scope))
         if state is None:
             return Usage()
         state.prune(now, self._window)
-        day, month = period_ids(now)
+        day, month = period_ids(now, "UTC" if partition is None else partition.timezone)
         return Usage(
             requests=len(state.rpm_log),
             tokens=state.tpm_total,
@@ -196,25 +227,48 @@ class MemoryQuotaStore(QuotaStore):
         return state
 
     def _check(
-        self, request: QuotaRequest, states: list[_ScopeState], now: float
+        self, request: QuotaRequest, states: list[_ScopeState], now: float, day: int, month: int
     ) -> tuple[float, str, LimitName] | None:
         """The failing limit with the longest wait (seconds, scope, limit), or None if all pass.
 
-        Prunes every scope's window on the way, which ``_ratelimit`` relies on."""
+        Prunes every scope's window on the way, which ``_ratelimit`` relies on. A budget that
+        refuses in a watched scope reaches its 100 % alert (``alerts.py``)."""
         worst: tuple[float, str, LimitName] | None = None
-        day, month = period_ids(now)
+        refused: list[BudgetAlert] = []
         for scope, state in zip(request.scopes, states, strict=True):
             state.prune(now, self._window)
-            failures = self._failures(scope.limits, scope.unit, state, request, now, day, month)
+            failures = self._failures(scope, state, request, now, day, month)
             for name, wait in failures:
                 if worst is None or wait > worst[0]:
                     worst = (wait, scope.name, name)
+                if scope.alerts is None or not request.refusal_alerts:
+                    continue
+                if name == "tokens_per_day":
+                    self._alert(refused, scope, state, request.tenant, "day", day, True, now)
+                elif name == "tokens_per_month":
+                    self._alert(refused, scope, state, request.tenant, "month", month, True, now)
+        emit(self._alerts, refused)
         return worst
+
+    def _alert(self, out: list[BudgetAlert], scope: Scope, state: _ScopeState, tenant: str,
+               kind: Kind, period: int, refused: bool, now: float) -> None:
+        """Add the thresholds of one budget that are reached and have not alerted yet."""
+        assert scope.alerts is not None
+        limits = scope.limits
+        limit = limits.tokens_per_day if kind == "day" else limits.tokens_per_month
+        if limit is None:
+            return
+        used = (state.days if kind == "day" else state.months).get(period, 0)
+        for threshold in due(scope.alerts.thresholds, used, limit, refused):
+            mark = (kind, period, threshold)
+            if mark not in state.alerted:
+                state.alerted.add(mark)
+                out.append(make_alert(scope, tenant, kind, period, threshold, used,
+                                      "refusal" if refused else "usage", now))
 
     def _failures(
         self,
-        limits: Limits,
-        unit: str,
+        scope: Scope,
         state: _ScopeState,
         request: QuotaRequest,
         now: float,
@@ -222,7 +276,8 @@ class MemoryQuotaStore(QuotaStore):
         month: int,
     ) -> list[tuple[LimitName, float]]:
         """Each failing limit of one scope with the seconds until it would pass."""
-        est = request.estimated_cost if unit == "cost" else request.estimated_tokens
+        limits = scope.limits
+        est = request.estimated_cost if scope.unit == "cost" else request.estimated_tokens
         out: list[tuple[LimitName, float]] = []
         if limits.rpm is not None and len(state.rpm_log) >= limits.rpm:
             out.append(("rpm", self._rpm_wait(state, limits.rpm, now)))
@@ -236,11 +291,11 @@ class MemoryQuotaStore(QuotaStore):
         if limits.tokens_per_day is not None and (
             state.days.get(day, 0) + est > limits.tokens_per_day
         ):
-            out.append(("tokens_per_day", seconds_to_next_day(now)))
+            out.append(("tokens_per_day", seconds_to_next_day(now, scope.timezone)))
         if limits.tokens_per_month is not None and (
             state.months.get(month, 0) + est > limits.tokens_per_month
         ):
-            out.append(("tokens_per_month", seconds_to_next_month(now)))
+            out.append(("tokens_per_month", seconds_to_next_month(now, scope.timezone)))
         return out
 
     def _ratelimit(
@@ -296,9 +351,9 @@ class MemoryQuotaStore(QuotaStore):
                 break
         return at + self._window - now
 
-    def _apply(self, request: QuotaRequest, states: list[_ScopeState], now: float) -> Reservation:
+    def _apply(self, request: QuotaRequest, states: list[_ScopeState], now: float, day: int,
+               month: int) -> Reservation:
         rid = request.request_id
-        day, month = period_ids(now)
         for scope, state in zip(request.scopes, states, strict=True):
             limits = scope.limits
             est = request.estimated_cost if scope.unit == "cost" else request.estimated_tokens
@@ -353,15 +408,20 @@ class MemoryQuotaStore(QuotaStore):
             return
         for k in [k for k, r in self._records.items() if r.expires <= now]:
             del self._records[k]
-        day, month = period_ids(now)
-        yesterday, _ = period_ids(now - 86400)
+        # a zone's local day is within a day of UTC's: keep UTC's yesterday, today, tomorrow
+        # (and the months around them), whatever the scope's zone
+        days = {period_ids(now + shift)[0] for shift in (-86400, 0, 86400)}
+        month = period_ids(now)[1]
+        months = {d // 100 for d in days} | {
+            month - 1 if month % 100 != 1 else month - 89}  # Jan -> Dec of last year
         for key, state in list(self._scopes.items()):
             state.prune(now, self._window)
             state.prune_leases(now)
-            for d in [d for d in state.days if d not in (day, yesterday)]:
+            for d in [d for d in state.days if d not in days]:
                 del state.days[d]
-            last_month = month - 1 if month % 100 != 1 else month - 89  # Jan -> Dec of last year
-            for m in [m for m in state.months if m not in (month, last_month)]:
+            for m in [m for m in state.months if m not in months]:
                 del state.months[m]
+            state.alerted = {a for a in state.alerted
+                             if a[1] in (days if a[0] == "day" else months)}
             if state.empty:
                 del self._scopes[key]

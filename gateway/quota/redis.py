@@ -5,7 +5,9 @@
 on a ``NOSCRIPT`` (after a Redis restart). The client is any ``gateway.redis.RedisLike`` (the
 pipelined client on one node, redis-py for TLS, unix sockets and Cluster; ``from_url`` builds
 it with ``gateway.redis.open_redis``); every command goes to it in RESP, its fixed parts encoded
-once (``_Parts``). All keys of a call share the tenant's hash tag, so they live in one slot.
+once (``_Parts``). All keys of a call share one hash tag (the tenant's, or its organization's:
+``keys.py``), so they live in one slot. Budget alerts that a settle or a refusal fires come
+back in the same reply and go to the store's sink (``alerts.py``).
 
 Failure handling: every call is bounded by ``deadline`` (with redis-py's own retries switched
 off by the factory), and after a failure the store backs off (``gateway.timers.backoff``)
@@ -17,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from gateway.quota.alerts import BudgetAlert, emit, make_alert
 from gateway.quota.base import (
     WINDOW,
     Decision,
@@ -28,6 +32,7 @@ from gateway.quota.base import (
     RateLimitState,
     Reservation,
     Usage,
+    partition_of,
 )
 from gateway.quota.errors import (
     QuotaBackingOff,
@@ -36,8 +41,8 @@ from gateway.quota.errors import (
     QuotaStoreError,
     QuotaTimeout,
 )
-from gateway.quota.keys import record_key, scope_key, tenant_tag
-from gateway.quota.limits import LIMIT_NAMES
+from gateway.quota.keys import record_key, record_prefix, scope_key
+from gateway.quota.limits import LIMIT_NAMES, calendar_candidates, day_period
 from gateway.quota.memory import RECORD_TTL
 from gateway.quota.scripts import RENEW, RESERVE, SETTLE, USAGE
 from gateway.redis.client import Timeouts, open_redis
@@ -46,8 +51,11 @@ from gateway.redis.errors import FAILURES, ErrorMap, is_no_script, is_outage
 from gateway.timers.backoff import Backoff
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from gateway.quota.alerts import AlertSink
     from gateway.quota.base import QuotaRequest
-    from gateway.quota.limits import Scope
+    from gateway.quota.limits import Partition, Scope
     from gateway.redis.base import RedisLike
 
 __all__ = ["RedisQuotaStore", "map_redis_error"]
@@ -56,8 +64,10 @@ __all__ = ["RedisQuotaStore", "map_redis_error"]
 map_redis_error: ErrorMap[QuotaError] = ErrorMap(
     timeout=QuotaTimeout, connect=QuotaConnectError, refused=QuotaStoreError)
 
-#: a reserve or settle: head, record key, scope keys, request id, first, middle, last
-_COMMAND = b"%b" + BULK + b"%b" + BULK + BULK + b"%b" + BULK
+#: a reserve or settle: head, record key, scope keys, request id, first, middle, last, tail
+_COMMAND = b"%b" + BULK + b"%b" + BULK + BULK + b"%b" + BULK + b"%b"
+#: ``calendar`` of a UTC partition: the script's own arithmetic
+_UTC_CALENDAR = bulk("")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,18 +88,23 @@ class _Parts:
     commands equal the generic encoding byte for byte."""
 
     scopes: tuple[Scope, ...]
-    tag: str
+    record: str
     keys: bytes
     reserve_head: bytes
     reserve_limits: bytes
     settle_head: bytes
     window: bytes
+    settle_tail: bytes
+    #: the reserve's ``thresholds`` argument: the scopes' own, and only commas (no alerts)
+    alerting: bytes
+    silent: bytes
 
     @classmethod
     def build(cls, store: RedisQuotaStore, tenant: str, scopes: tuple[Scope, ...],
               lease_ttl: float) -> _Parts:
         nkeys = 1 + len(scopes)
-        keys = b"".join(bulk(scope_key(tenant, s.name)) for s in scopes)
+        partition = partition_of(scopes)
+        keys = b"".join(bulk(scope_key(tenant, s.name, partition)) for s in scopes)
 
         def head(script: _Script, nargs: int) -> bytes:
             return (array_head(3 + nkeys + nargs) + bulk("EVALSHA") + bulk(script.sha)
@@ -97,18 +112,21 @@ class _Parts:
 
         limits = b"".join(bulk(v) for v in (round(lease_ttl * 1e6), store._window_us,
                                               store._record_ttl_ms(lease_ttl), _wire(scopes)))
-        return cls(scopes, tenant_tag(tenant), keys, head(store._reserve, 7), limits,
-                   head(store._settle, 4), bulk(store._window_us))
+        return cls(scopes, record_prefix(tenant, partition), keys, head(store._reserve, 9),
+                   limits, head(store._settle, 6), bulk(store._window_us),
+                   bulk(_wire(scopes)) + bulk(_thresholds(scopes)),
+                   bulk(_thresholds(scopes)), bulk("," * len(scopes)))
 
-    def command(self, head: bytes, request_id: str, first: int, middle: bytes, last: int
-                ) -> bytes:
+    def command(self, head: bytes, request_id: str, first: int, middle: bytes, last: int,
+                tail: bytes) -> bytes:
         """``head``, the request's record key, the scope keys, then the arguments: the request
-        id, ``first``, the cached ``middle`` and ``last`` (the shape reserve and settle share)."""
-        record = f"{self.tag}:r:{request_id}".encode()
+        id, ``first``, the cached ``middle``, ``last`` and the encoded ``tail`` (the shape
+        reserve and settle share)."""
+        record = f"{self.record}{request_id}".encode()
         rid = request_id.encode()
         one, two = b"%d" % first, b"%d" % last
         return _COMMAND % (head, len(record), record, self.keys, len(rid), rid, len(one), one,
-                           middle, len(two), two)
+                           middle, len(two), two, tail)
 
 
 @lru_cache(maxsize=4096)
@@ -123,6 +141,51 @@ def _wire(scopes: tuple[Scope, ...]) -> str:
         + ("1," if s.unit == "cost" else "0,")
         for s in scopes
     )
+
+
+@lru_cache(maxsize=4096)
+def _thresholds(scopes: tuple[Scope, ...]) -> str:
+    """The alert thresholds of all scopes as one script argument: ``50.80.100,`` per scope
+    that alerts on a day or month budget, ``,`` per other scope."""
+    out = []
+    for s in scopes:
+        rule, lim = s.alerts, s.limits
+        watched = rule is not None and (lim.tokens_per_day is not None
+                                        or lim.tokens_per_month is not None)
+        out.append(".".join(map(str, rule.thresholds)) + "," if watched and rule else ",")
+    return "".join(out)
+
+
+def _calendar_text(partition: Partition | None, now: float) -> str:
+    """The ``calendar`` argument (``scripts.py``): empty for UTC, else the local days and
+    months around ``now`` as ``id,start_us,end_us,`` each."""
+    if partition is None or partition.timezone == "UTC":
+        return ""
+    days, months = calendar_candidates(now, partition.timezone)
+    return "".join(f"{p.id},{round(p.start * 1e6)},{round(p.end * 1e6)},"
+                   for p in (*days, *months))
+
+
+class _Calendars:
+    """The ``calendar`` argument per time zone (``scripts.py``), encoded once per local day."""
+
+    __slots__ = ("_clock", "_made")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._made: dict[str, tuple[float, float, bytes]] = {}
+
+    def of(self, partition: Partition | None) -> bytes:
+        if partition is None or partition.timezone == "UTC":
+            return _UTC_CALENDAR
+        now = self._clock()
+        made = self._made.get(partition.timezone)
+        if made is not None and made[0] <= now < made[1]:
+            return made[2]
+        day = day_period(now, partition.timezone)
+        encoded = bulk(_calendar_text(partition, now))
+        self._made[partition.timezone] = (day.start, day.end, encoded)
+        return encoded
 
 
 def _ratelimit(reply: list[int], at: int) -> RateLimitState | None:
@@ -152,10 +215,13 @@ class RedisQuotaStore(QuotaStore):
         record_ttl: how long an unrenewed reservation stays settleable.
         backoff: pause policy after failures.
         owns_client: close the client in ``aclose``.
+        alerts: where budget threshold alerts go (``alerts.py``); None: nowhere.
     """
 
     __slots__ = (
+        "_alerts",
         "_backoff",
+        "_calendars",
         "_client",
         "_deadline",
         "_owns_client",
@@ -177,8 +243,11 @@ class RedisQuotaStore(QuotaStore):
         record_ttl: float = RECORD_TTL,
         backoff: Backoff | None = None,
         owns_client: bool = False,
+        alerts: AlertSink | None = None,
     ) -> None:
         self._client = client
+        self._alerts = alerts
+        self._calendars = _Calendars(time.time)
         self._deadline = deadline
         self._window = window
         self._window_us = round(window * 1e6)
@@ -241,23 +310,34 @@ class RedisQuotaStore(QuotaStore):
 
     def _reserve_args(self, request: QuotaRequest) -> tuple[list[str], list[Any]]:
         """The reserve's keys and arguments (the tests' reference for ``_reserve_encoded``)."""
-        keys = [record_key(request.tenant, request.request_id)]
-        keys.extend(scope_key(request.tenant, scope.name) for scope in request.scopes)
+        keys = self._keys(request.tenant, request.request_id, request.scopes)
+        calendar = _calendar_text(partition_of(request.scopes), time.time())
+        thresholds = (_thresholds(request.scopes) if request.refusal_alerts
+                      else "," * len(request.scopes))
         return keys, [request.request_id, request.estimated_tokens,
                       round(request.lease_ttl * 1e6), self._window_us,
                       self._record_ttl_ms(request.lease_ttl), _wire(request.scopes),
-                      request.estimated_cost]
+                      request.estimated_cost, thresholds, calendar]
+
+    def _settle_args(self, reservation: Reservation, tokens: int, cost: int
+                     ) -> tuple[list[str], list[Any]]:
+        """The settle's keys and arguments (the tests' reference for ``_settle_encoded``)."""
+        keys = self._keys(reservation.tenant, reservation.request_id, reservation.scopes)
+        return keys, [reservation.request_id, tokens, self._window_us, cost,
+                      _wire(reservation.scopes), _thresholds(reservation.scopes)]
 
     def _reserve_encoded(self, request: QuotaRequest) -> bytes:
         """The reserve's EVALSHA in RESP, from the cached parts of its tenant and scopes."""
         parts = self._parts_of(request.tenant, request.scopes, request.lease_ttl)
         return parts.command(parts.reserve_head, request.request_id, request.estimated_tokens,
-                             parts.reserve_limits, request.estimated_cost)
+                             parts.reserve_limits, request.estimated_cost,
+                             (parts.alerting if request.refusal_alerts else parts.silent)
+                             + self._calendars.of(partition_of(request.scopes)))
 
     def _settle_encoded(self, reservation: Reservation, tokens: int, cost: int) -> bytes:
         parts = self._parts_of(reservation.tenant, reservation.scopes, reservation.lease_ttl)
         return parts.command(parts.settle_head, reservation.request_id, tokens, parts.window,
-                             cost)
+                             cost, parts.settle_tail)
 
     def _parts_of(self, tenant: str, scopes: tuple[Scope, ...], lease_ttl: float) -> _Parts:
         cached = self._parts.get((tenant, id(scopes), lease_ttl))
@@ -273,6 +353,8 @@ class RedisQuotaStore(QuotaStore):
         scopes = request.scopes
         reply = await self._run(self._reserve, self._reserve_encoded(request))
         if reply[0] == 0:
+            if len(reply) > 10:
+                self._emit(request.tenant, scopes, reply, 10, "refusal")
             return Decision(
                 admitted=False,
                 scope=scopes[int(reply[1]) - 1].name,
@@ -309,11 +391,29 @@ class RedisQuotaStore(QuotaStore):
         cost = -1 if actual_cost is None else max(0, actual_cost)
         # nobody waits on a settle's timing: it may share a write with others (``urgent``)
         encoded = self._settle_encoded(reservation, max(0, actual_tokens), cost)
-        return int(await self._run(self._settle, encoded, urgent=False)) == 1
+        reply = await self._run(self._settle, encoded, urgent=False)
+        if not isinstance(reply, list):  # 0: settled before, or its record expired
+            return False
+        if len(reply) > 1:
+            self._emit(reservation.tenant, reservation.scopes, reply, 1, "usage")
+        return True
 
-    async def usage(self, tenant: str, scope: str) -> Usage:
-        reply = await self._run(self._usage, _evalsha(self._usage, [scope_key(tenant, scope)],
-                                                      [self._window_us]))
+    def _emit(self, tenant: str, scopes: tuple[Scope, ...], reply: list[Any], at: int,
+              trigger: Literal["usage", "refusal"]) -> None:
+        """The alerts at ``reply[at:]`` (``scripts.py``: five numbers each) to the sink."""
+        now = time.time()
+        alerts: list[BudgetAlert] = []
+        for j in range(at, len(reply) - 4, 5):
+            index, code, period, threshold, used = (int(v) for v in reply[j:j + 5])
+            kind: Literal["day", "month"] = "day" if code == 4 else "month"
+            alerts.append(make_alert(scopes[index - 1], tenant, kind, period, threshold, used,
+                                     trigger, now))
+        emit(self._alerts, alerts)
+
+    async def usage(self, tenant: str, scope: str, partition: Partition | None = None) -> Usage:
+        key = scope_key(tenant, scope, partition)
+        reply = await self._run(self._usage, _evalsha(
+            self._usage, [key], [self._window_us, _calendar_text(partition, time.time())]))
         requests, tokens, in_flight, today, month = (int(v) for v in reply)
         return Usage(
             requests=requests,
@@ -353,7 +453,9 @@ class RedisQuotaStore(QuotaStore):
     # -- one round trip -------------------------------------------------------------------
 
     def _keys(self, tenant: str, request_id: str, scopes: tuple[Scope, ...]) -> list[str]:
-        return [record_key(tenant, request_id), *(scope_key(tenant, s.name) for s in scopes)]
+        partition = partition_of(scopes)
+        return [record_key(tenant, request_id, partition),
+                *(scope_key(tenant, s.name, partition) for s in scopes)]
 
     def _record_ttl_ms(self, lease_ttl: float) -> int:
         return round(max(self._record_ttl, 2 * lease_ttl) * 1000)

@@ -10,21 +10,33 @@ Wire format (``-1`` = limit unset; five limits per scope in ``LIMIT_NAMES`` orde
     RESERVE KEYS: record, scope base...   ARGV: rid, estimate, lease_us, window_us,
                                                 record_ttl_ms, limits ("r,t,c,d,m,u," per
                                                 scope, u = unit 0 tokens / 1 cost),
-                                                estimated cost
+                                                estimated cost, thresholds, calendar
             -> {1, now_us, lease_expiry_us, RL...}            admitted
                {2, now_us, lease_expiry_us}                   already reserved (same id)
-               {0, scope index, limit code, wait_us, RL...}   refused (codes 1..5 =
+               {0, scope index, limit code, wait_us, RL..., A...}   refused (codes 1..5 =
                                                               LIMIT_NAMES)
             RL = rpm limit, requests left, reset_us, tpm limit, tokens left, reset_us: the
             x-ratelimit figures of the tightest scopes (``RateLimitState`` in ``base.py``;
             limit -1 = no scope sets it), after this request when admitted
     SETTLE  KEYS: record, scope base...   ARGV: rid, actual tokens, window_us,
-                                                actual cost (-1 = keep the estimate) -> 1 | 0
+                                                actual cost (-1 = keep the estimate), limits,
+                                                thresholds -> {1, A...} | 0
     RENEW   KEYS: record, scope base...   ARGV: rid, lease_us, record_ttl_ms    -> 1 | 0
-    USAGE   KEYS: scope base              ARGV: window_us   -> {requests, tokens, in_flight,
-                                                                 day tokens, month tokens}
+    USAGE   KEYS: scope base              ARGV: window_us, calendar
+                                          -> {requests, tokens, in_flight, day tokens,
+                                              month tokens}
 
-The record (``HSET``) holds ``e`` estimate, ``d``/``m`` the UTC day/month ids charged, ``x``
+``thresholds``: per scope, its alert percentages ``"50.80.100,"`` (just ``","`` for a scope
+without alerts; a reserve sends only commas when its refusal must not alert). ``A``: the
+budget alerts that fired, five numbers each: scope index, limit code (4 day, 5 month), period
+id, threshold, usage (``alerts.py``). A threshold fires once per (scope, period):
+``<budget counter>:a`` is a hash of the thresholds that fired, with the counter's TTL.
+
+``calendar``: empty for UTC (the script's own arithmetic on ``TIME``), else the day before,
+of and after now in the partition's zone, then the three months, ``"id,start_us,end_us,"``
+each (``limits.calendar_candidates``); the script takes the one holding its clock.
+
+The record (``HSET``) holds ``e`` estimate, ``d``/``m`` the day/month ids charged, ``x``
 lease expiry and ``f`` five '0'/'1' flags per scope saying which limits were charged, so settle
 undoes exactly what reserve did even if the tenant's limits changed in between.
 """
@@ -67,13 +79,81 @@ local function days_in_month(y, m)
   return 31
 end
 
--- day id, month id, us to next UTC day, us to next UTC month
-local function periods(sec, now)
+-- the candidate (id, start_us, end_us) at C[first..first+8] that holds now, and the us to its
+-- end; past every candidate (a clock a day off) the nearest one
+local function pick(C, first, now)
+  for j = first, first + 6, 3 do
+    if C[j + 1] <= now and now < C[j + 2] then return C[j], C[j + 2] - now end
+  end
+  if now < C[first + 1] then return C[first], C[first + 2] - now end
+  return C[first + 6], math.max(0, C[first + 8] - now)
+end
+
+-- day id, month id, us to next day, us to next month: UTC, or the calendar given
+local function periods(sec, now, cal)
+  if cal and cal ~= '' then
+    local C = {}
+    for v in string.gmatch(cal, '(-?%d+),') do C[#C + 1] = tonumber(v) end
+    local day_id, next_day = pick(C, 1, now)
+    local month_id, next_month = pick(C, 10, now)
+    return day_id, month_id, next_day, next_month
+  end
   local daynum = math.floor(sec / 86400)
   local y, m, d = civil(daynum)
   local next_day = (daynum + 1) * 86400000000 - now
   local next_month = (daynum + days_in_month(y, m) - d + 1) * 86400000000 - now
   return y * 10000 + m * 100 + d, y * 100 + m, next_day, next_month
+end
+
+-- limits: six comma-terminated integers per scope (five limits and the unit: 0 tokens,
+-- 1 cost), one argument (fewer args to encode)
+local function parse_limits(arg)
+  local L = {}
+  for v in string.gmatch(arg, '(-?%d+),') do L[#L + 1] = tonumber(v) end
+  return L
+end
+
+-- alert thresholds per scope ("50.80.100," each, "," for none); nil when no scope has any
+local function parse_thresholds(arg)
+  if not arg or not string.find(arg, '%d') then return nil end
+  local T = {}
+  for entry in string.gmatch(arg, '([^,]*),') do
+    local t = {}
+    for v in string.gmatch(entry, '%d+') do t[#t + 1] = tonumber(v) end
+    T[#T + 1] = t
+  end
+  return T
+end
+
+-- The thresholds of one budget that its usage reached (a refusal reaches 100) and that did
+-- not fire yet this period: marked in the counter's ':a' hash and appended to out as
+-- {scope index, limit code, period id, threshold, usage} (``alerts.due`` is the same rule).
+local function alert(counter, limit, T, refused, ttl_ms, out, i, code, pid)
+  local used = tonumber(redis.call('GET', counter) or '0')
+  local reached = {}
+  for _, t in ipairs(T) do
+    if used * 100 >= t * limit or (refused and t >= 100) then reached[#reached + 1] = t end
+  end
+  if #reached == 0 then return end
+  local mk = counter .. ':a'
+  local seen = redis.call('HMGET', mk, unpack(reached))
+  local fired = false
+  for j = 1, #reached do
+    if not seen[j] then
+      redis.call('HSET', mk, reached[j], used)
+      fired = true
+      out[#out + 1] = i
+      out[#out + 1] = code
+      out[#out + 1] = pid
+      out[#out + 1] = reached[j]
+      out[#out + 1] = used
+    end
+  end
+  if fired then
+    local ttl = redis.call('PTTL', counter)
+    if ttl <= 0 then ttl = ttl_ms end
+    redis.call('PEXPIRE', mk, ttl)
+  end
 end
 
 -- Drop token entries that left the window; returns the window's running total.
@@ -134,15 +214,15 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return {2, now, tonumber(redis.call('HGET', KEYS[1], 'x'))}
 end
 
--- limits: six comma-terminated integers per scope (five limits and the unit: 0 tokens,
--- 1 cost), one argument (fewer args to encode)
-local L = {}
-for v in string.gmatch(ARGV[6], '(-?%d+),') do L[#L + 1] = tonumber(v) end
+local L = parse_limits(ARGV[6])
 if #L ~= 6 * n then return redis.error_reply('quota: limits do not match the scopes') end
+local T = parse_thresholds(ARGV[8])
+if T and #T ~= n then return redis.error_reply('quota: thresholds do not match the scopes') end
 local est_tokens, est_cost = est, tonumber(ARGV[7] or '0')
 local units = {}
+local refusals = {}  -- budgets that refuse in scopes with alerts: {i, code, counter, limit}
 
-local day_id, month_id, next_day, next_month = periods(sec, now)
+local day_id, month_id, next_day, next_month = periods(sec, now, ARGV[9])
 local cutoff = now - window
 local worst_wait, worst_scope, worst_limit = -1, 0, 0
 -- the tightest scope for the x-ratelimit figures: fewest left, the first on a tie (every
@@ -207,21 +287,36 @@ for i = 1, n do
     end
   end
   if dayb >= 0 then
-    local used = tonumber(redis.call('GET', base .. ':d:' .. day_id) or '0')
-    if used + est > dayb then consider(next_day, i, 4) end
+    local k = base .. ':d:' .. day_id
+    local used = tonumber(redis.call('GET', k) or '0')
+    if used + est > dayb then
+      consider(next_day, i, 4)
+      if T and #T[i] > 0 then refusals[#refusals + 1] = {i, 4, k, dayb} end
+    end
   end
   if monthb >= 0 then
-    local used = tonumber(redis.call('GET', base .. ':m:' .. month_id) or '0')
-    if used + est > monthb then consider(next_month, i, 5) end
+    local k = base .. ':m:' .. month_id
+    local used = tonumber(redis.call('GET', k) or '0')
+    if used + est > monthb then
+      consider(next_month, i, 5)
+      if T and #T[i] > 0 then refusals[#refusals + 1] = {i, 5, k, monthb} end
+    end
   end
 end
 local rq_first, tk_first
 if rq_i > 0 then rq_first = oldest(KEYS[rq_i + 1] .. ':rpm') end
 if tk_i > 0 then tk_first = oldest(KEYS[tk_i + 1] .. ':tpm') end
 if worst_limit ~= 0 then
-  return {0, worst_scope, worst_limit, worst_wait,
-          rq_lim, math.max(0, rq_left), reset_us(rq_lim, rq_first, now, window),
-          tk_lim, math.max(0, tk_left), reset_us(tk_lim, tk_first, now, window)}
+  local out = {0, worst_scope, worst_limit, worst_wait,
+               rq_lim, math.max(0, rq_left), reset_us(rq_lim, rq_first, now, window),
+               tk_lim, math.max(0, tk_left), reset_us(tk_lim, tk_first, now, window)}
+  for _, r in ipairs(refusals) do
+    local i, code = r[1], r[2]
+    local pid, wait = day_id, next_day
+    if code == 5 then pid, wait = month_id, next_month end
+    alert(r[3], r[4], T[i], true, math.floor(wait / 1000) + 86400000, out, i, code, pid)
+  end
+  return out
 end
 
 -- 2. every limit passed: reserve in every scope
@@ -285,6 +380,15 @@ local f = rec[4]
 if #f ~= 5 * (#KEYS - 1) then
   return redis.error_reply('quota: settle scopes do not match the reservation')
 end
+local T = parse_thresholds(ARGV[6])
+local L
+if T then
+  L = parse_limits(ARGV[5])
+  if #T ~= #KEYS - 1 or #L ~= 6 * (#KEYS - 1) then
+    return redis.error_reply('quota: settle limits do not match the reservation')
+  end
+end
+local out = {1}
 local actual = math.max(0, tonumber(ARGV[2]))
 local delta_tokens = actual - tonumber(rec[1])
 local actual_cost = tonumber(ARGV[4] or '-1')
@@ -321,9 +425,20 @@ for i = 1, #KEYS - 1 do
       redis.call('INCRBY', mk, delta)
     end
   end
+  -- budget alerts, on the counters as they stand after this settle
+  if T and #T[i] > 0 then
+    local a = (i - 1) * 6
+    local dk, mk = base .. ':d:' .. rec[2], base .. ':m:' .. rec[3]
+    if f:sub(o + 4, o + 4) == '1' and L[a + 4] >= 0 and redis.call('EXISTS', dk) == 1 then
+      alert(dk, L[a + 4], T[i], false, 2764800000, out, i, 4, tonumber(rec[2]))
+    end
+    if f:sub(o + 5, o + 5) == '1' and L[a + 5] >= 0 and redis.call('EXISTS', mk) == 1 then
+      alert(mk, L[a + 5], T[i], false, 2764800000, out, i, 5, tonumber(rec[3]))
+    end
+  end
 end
 redis.call('DEL', KEYS[1])
-return 1
+return out
 """
 )
 
@@ -361,7 +476,7 @@ USAGE = (
     + """
 local base = KEYS[1]
 local sec, now = clock()
-local day_id, month_id = periods(sec, now)
+local day_id, month_id = periods(sec, now, ARGV[2])
 redis.call('ZREMRANGEBYSCORE', base .. ':rpm', '-inf', now - tonumber(ARGV[1]))
 redis.call('ZREMRANGEBYSCORE', base .. ':conc', '-inf', now)
 return {

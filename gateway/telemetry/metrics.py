@@ -239,6 +239,13 @@ class Metrics:
         self.quota_rejections = Counter("gateway_quota_rejections",
                                         "Requests refused by a quota limit.",
                                         ["limit", *tenant], registry=r)
+        self.budget_alerts = Counter("gateway_budget_alerts",
+                                     "Budget threshold alerts fired (once per budget, period "
+                                     "and threshold across replicas).", ["level", "threshold"],
+                                     registry=r)
+        self.budget_webhooks = Counter("gateway_budget_alert_webhooks",
+                                       "Budget alert webhook deliveries by outcome (delivered, "
+                                       "retried, failed, dropped).", ["outcome"], registry=r)
         self.shadow_requests = Counter("gateway_shadow_requests",
                                        "Shadow (mirrored) requests, by outcome.", ["status"],
                                        registry=r)
@@ -381,6 +388,16 @@ class Metrics:
                 self.quota_rejections.labels(limit, self.tenant(tenant)).inc()
             else:
                 self.quota_rejections.labels(limit).inc()
+
+    def budget_alert(self, level: str, threshold: int) -> None:
+        """A budget crossed ``threshold`` percent at ``level`` (organization, team, ...)."""
+        if self.enabled:
+            self.budget_alerts.labels(level, str(threshold)).inc()
+
+    def budget_webhook(self, outcome: str) -> None:
+        """A budget alert webhook was delivered, retried, failed or dropped (queue full)."""
+        if self.enabled:
+            self.budget_webhooks.labels(outcome).inc()
 
     def shadow(self, status: str | int) -> None:
         """One shadow request finished (``status``: its HTTP status, or ``error`` / ``dropped``)."""
