@@ -304,7 +304,9 @@ class Pipeline:
             services.ledger.write_nowait(self._make_record(runtime, ctx))
 
     def _make_record(self, runtime: Runtime, ctx: RequestContext) -> UsageRecord:
-        return make_record(ctx, ctx.usage, tenant=ctx.tenant or "default",
+        tenant = ctx.tenant or "default"
+        team, organization = runtime.placement(tenant)
+        return make_record(ctx, ctx.usage, tenant=tenant, team=team, organization=organization,
                            batch_id=ctx.batch_id, currency=runtime.prices.currency)
 
     async def _record(self, runtime: Runtime, ctx: RequestContext) -> None:

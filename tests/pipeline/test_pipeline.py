@@ -175,3 +175,25 @@ async def test_bad_input_is_answered_in_shape_and_not_recorded(gateway: Gateway)
                                        read_body=inbound.read_body), unauthenticated)
     assert unauthenticated.status == 401
     assert await _records(gateway) == []
+
+
+async def test_the_record_names_the_tenants_team_and_organization(
+        sim: SimServer, tmp_path: Path) -> None:
+    """A tenant placed in a team of an organization: its usage record carries both."""
+    data = policy({"chat": [sim.url]})
+    data["auth"]["keys"][0]["tenant"] = "acme"
+    data["plans"] = [{"name": "p", "limits": {"rpm": 100}}]
+    data["organizations"] = [{"name": "bigco", "limits": {"tokens_per_day": 1_000_000}}]
+    data["teams"] = [{"name": "search", "organization": "bigco"}]
+    data["tenants"] = [{"name": "acme", "plan": "p", "team": "search"}]
+    data["store"] = {"spool_dir": str(tmp_path / "spool"), "data_dir": str(tmp_path / "data")}
+    gw = Gateway(parse_policy(data))
+    await gw.start()
+    try:
+        answer = Answer()
+        await gw.pipeline.run(_inbound(_chat()), answer)
+        assert answer.status == 200
+        [record] = await _records(gw)
+        assert (record.tenant, record.team, record.organization) == ("acme", "search", "bigco")
+    finally:
+        await gw.close()
