@@ -1,0 +1,15 @@
+"""Front-ends: the client APIs the gateway speaks besides chat completions.
+
+Each API (OpenAI Responses in ``responses.py``, Anthropic Messages in ``messages.py``) is one
+``Frontend`` (``base.py``): it checks a request in its own shape, translates it to a chat
+completions request (what quotas, routing and accounting understand, with the history split),
+and translates a chat completions answer back - whole, or a stream chunk by chunk without
+buffering - with errors in its own shape. A backend that speaks the API natively gets the
+client's request unchanged instead (``api:`` on the backend); the pipeline decides which.
+"""
+
+from __future__ import annotations
+
+from gateway.apis.base import Frontend, StreamTranslator, Translated
+
+__all__ = ["Frontend", "StreamTranslator", "Translated"]

@@ -1,0 +1,97 @@
+"""The contract of a front-end: check, translate to chat, translate the answer back.
+
+A ``Frontend`` is stateless and shared; a ``StreamTranslator`` is made per streamed request and
+fed the chat completions SSE bytes the backend sends (chunks may split events anywhere), and
+returns the bytes of the client's API to send now (possibly empty: never holds back an event it
+can already write). The pipeline composes it after the usage scanner, so the scanner still sees
+the chat stream and counts its usage.
+
+Every method is pure (no I/O) so translations are tested table-driven from recorded examples,
+and property-tested round trips (chat -> API -> chat keeps every message, tool call and usage
+figure; a translated stream reassembles to the same object as the translated whole answer).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.accounting.usage import BackendUsage
+    from gateway.errors import GatewayError
+
+__all__ = ["Frontend", "StreamTranslator", "Translated"]
+
+
+@dataclass(frozen=True, slots=True)
+class Translated:
+    """A client request checked and translated.
+
+    ``chat``: the chat completions payload sent to a backend that does not speak the API (and
+    what the gateway counts, classifies and routes by); ``model``: the public model name;
+    ``stream``: the client asked for a stream; ``max_output``: the output bound for quotas
+    (None: the model's default).
+    """
+
+    chat: dict[str, Any]
+    model: str
+    stream: bool
+    max_output: int | None = None
+
+
+class StreamTranslator(abc.ABC):
+    """One streamed answer, chat completions SSE in, the client API's events out."""
+
+    @abc.abstractmethod
+    def feed(self, chunk: bytes) -> bytes:
+        """The client bytes for this chunk of the backend's chat SSE (events may be split
+        across chunks: a partial event is kept until its end arrives)."""
+
+    @abc.abstractmethod
+    def finish(self) -> bytes:
+        """The closing events after the backend's stream ended cleanly (``[DONE]`` seen or
+        not): e.g. ``response.completed`` / ``message_stop`` with the usage."""
+
+    @abc.abstractmethod
+    def fail(self, error: GatewayError) -> bytes:
+        """The events that end a stream broken after its first byte (an ``error`` event)."""
+
+
+class Frontend(abc.ABC):
+    """One client API."""
+
+    #: the API's name on usage records, metrics and the backend ``api:`` setting
+    name: str
+    #: the route it is served on, e.g. ``/v1/responses``
+    path: str
+    #: the backend path when passed through unchanged
+    upstream_path: str
+
+    @abc.abstractmethod
+    def translate(self, payload: dict[str, Any],
+                  earlier: list[dict[str, Any]] | None = None) -> Translated:
+        """Check the request in the API's own shape (raise ``InvalidRequest`` naming the
+        field) and translate it to chat completions. ``earlier``: chat messages of a stored
+        conversation the request continues (Responses' ``previous_response_id``), put before
+        the request's own; they count as history."""
+
+    @abc.abstractmethod
+    def answer(self, chat: dict[str, Any], *, model: str, request_id: str) -> dict[str, Any]:
+        """The API's non-streamed answer for a chat completions answer (``model``: the public
+        name the client asked for; ``request_id``: the gateway's, for ids the API needs)."""
+
+    @abc.abstractmethod
+    def stream(self, *, model: str, request_id: str, prompt_tokens: int) -> StreamTranslator:
+        """A translator for one streamed answer (``prompt_tokens``: the gateway's count of the
+        translated prompt, for APIs that report input usage before the backend's usage
+        arrives, such as Anthropic's ``message_start``)."""
+
+    @abc.abstractmethod
+    def error(self, error: GatewayError) -> tuple[int, bytes]:
+        """The status and body of an error in the API's shape."""
+
+    @abc.abstractmethod
+    def usage(self, answer: dict[str, Any]) -> BackendUsage | None:
+        """The usage of a native (passed-through) answer of this API, without double counts
+        (``gateway.accounting.usage`` reads each shape)."""
