@@ -1,0 +1,115 @@
+"""Usage and text of a stream passed through in its own API (Responses or Messages events).
+
+A backend that speaks the client's API gets the request unchanged and its stream is relayed
+byte for byte; this scanner reads the events on the way without changing them, the way
+``accounting.sse.StreamScanner`` reads a chat stream: the usage (Anthropic: ``message_start``'s
+input usage merged with ``message_delta``'s output usage; Responses: ``response.completed``'s
+``response.usage``) and the delivered text (for an estimate when a stream breaks before its
+usage). It has the same reading surface as ``StreamScanner`` (``feed``, ``flush``, ``usage``,
+``done``, ``delivered_text``, ``reply_text``), so the meter counts both alike.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from gateway.accounting.usage import usage_from_mapping
+
+if TYPE_CHECKING:
+    from gateway.accounting.usage import BackendUsage
+
+__all__ = ["NativeStreamScanner"]
+
+_decode = msgspec.json.decode
+
+
+class NativeStreamScanner:
+    """Watches one passed-through stream of ``api`` ("messages" or "responses")."""
+
+    __slots__ = ("_anthropic_usage", "_api", "_tail", "_text", "done", "max_event_bytes",
+                 "usage")
+
+    def __init__(self, api: str, *, max_event_bytes: int = 1 << 20) -> None:
+        self._api = api
+        self._tail = b""
+        self._text: list[str] = []
+        self._anthropic_usage: dict[str, Any] = {}
+        self.max_event_bytes = max_event_bytes
+        self.usage: BackendUsage | None = None
+        self.done = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Read a chunk; it is forwarded unchanged (returned as is)."""
+        data = self._tail + chunk if self._tail else chunk
+        end = max(data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n"))
+        if end < 0:
+            self._tail = data if len(data) <= self.max_event_bytes else b""
+            return chunk
+        whole, self._tail = data[:end], data[end:].lstrip(b"\r\n")
+        for line in whole.splitlines():
+            if line.startswith(b"data:"):
+                self._event(line[5:].strip())
+        return chunk
+
+    def flush(self) -> bytes:
+        """The stream ended: read a last event without its blank line."""
+        tail, self._tail = self._tail, b""
+        for line in tail.splitlines():
+            if line.startswith(b"data:"):
+                self._event(line[5:].strip())
+        return b""
+
+    def _event(self, raw: bytes) -> None:
+        try:
+            event = _decode(raw)
+        except msgspec.DecodeError:
+            return
+        if not isinstance(event, dict):
+            return
+        kind = event.get("type")
+        if self._api == "messages":
+            self._messages_event(kind, event)
+        else:
+            self._responses_event(kind, event)
+
+    def _messages_event(self, kind: Any, event: dict[str, Any]) -> None:
+        if kind == "message_start":
+            message = event.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+            if isinstance(usage, dict):
+                self._anthropic_usage.update(usage)
+        elif kind == "content_block_delta":
+            delta = event.get("delta")
+            if isinstance(delta, dict):
+                text = delta.get("text", delta.get("partial_json"))
+                if isinstance(text, str):
+                    self._text.append(text)
+        elif kind == "message_delta":
+            usage = event.get("usage")
+            if isinstance(usage, dict):  # cumulative figures: the later ones win
+                self._anthropic_usage.update({k: v for k, v in usage.items() if v is not None})
+            self.usage = usage_from_mapping(self._anthropic_usage, "anthropic")
+        elif kind == "message_stop":
+            self.done = True
+
+    def _responses_event(self, kind: Any, event: dict[str, Any]) -> None:
+        if kind in ("response.output_text.delta", "response.function_call_arguments.delta"):
+            delta = event.get("delta")
+            if isinstance(delta, str):
+                self._text.append(delta)
+        elif kind in ("response.completed", "response.incomplete", "response.failed"):
+            response = event.get("response")
+            usage = response.get("usage") if isinstance(response, dict) else None
+            if isinstance(usage, dict):
+                self.usage = usage_from_mapping(usage, "responses")
+            self.done = True
+
+    def delivered_text(self) -> str:
+        """The text (and tool arguments) relayed so far, for an estimate."""
+        return "".join(self._text)
+
+    def reply_text(self) -> str | None:
+        """The reply, for the next turn's history cache (None: not a plain reply)."""
+        return "".join(self._text) or None
