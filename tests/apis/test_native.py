@@ -42,7 +42,7 @@ def _scan(api: str, data: bytes, cuts: list[int]) -> tuple[NativeStreamScanner, 
     scanner = NativeStreamScanner(api)
     out = b""
     last = 0
-    for cut in sorted(set(cuts)) + [len(data)]:
+    for cut in [*sorted(set(cuts)), len(data)]:
         out += scanner.feed(data[last:cut])
         last = cut
     out += scanner.flush()
