@@ -46,7 +46,8 @@ _STATUS = {
     "422": "The new policy is invalid; the old one is kept",
     "429": "A quota or the backend said slow down (Retry-After)",
     "502": "The backend failed or answered garbage",
-    "503": "No backend available, the quota store is away, or the gateway is draining",
+    "503": "No backend available, the quota store or the ledger database is away, or the "
+           "gateway is draining",
     "504": "The backend timed out",
 }
 
@@ -141,6 +142,40 @@ def _proxy_paths(models: list[str]) -> dict[str, Any]:
     return paths
 
 
+#: a page of usage rows (each: the group's values, every counter, the cost as a decimal)
+_USAGE_PAGE: dict[str, Any] = {
+    "type": "object", "required": ["object", "data", "has_more", "next"],
+    "properties": {
+        "object": {"type": "string", "enum": ["list"]}, "tenant": _STR,
+        "from": _STR, "to": _STR, "group_by": {"type": "array", "items": _STR},
+        "data": {"type": "array", "items": {"type": "object"}},
+        "has_more": {"type": "boolean"}, "next": _OPT_STR,
+    },
+}
+
+
+def _usage_params(*, admin: bool = False) -> list[dict[str, Any]]:
+    """The query parameters of ``/v1/usage`` and ``/admin/usage``."""
+    dims = "hour, day, month, tenant, key, model, class, version, batch, team, organization"
+    default = "tenant,day,model,class (one tenant: day,model,class)" if admin else \
+        "day,model,class"
+    return [
+        _param("from", "query", _STR, description="start (inclusive): ISO date, or time on "
+               "the hour; UTC unless a zone is given (default: today 00:00 UTC)"),
+        _param("to", "query", _STR, description="end (exclusive), as from (default: "
+               "tomorrow 00:00 UTC); at most 400 days after from"),
+        _param("start", "query", _STR, description="the old spelling: first UTC day, "
+               "YYYY-MM-DD (not with from/to)"),
+        _param("end", "query", _STR, description="the old spelling: last UTC day, inclusive "
+               "(default start)"),
+        _param("group_by", "query", _STR, description=f"comma-separated, any of {dims} "
+               f"(default {default})"),
+        _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 10_000},
+               description="rows per page (default 1000)"),
+        _param("after", "query", _STR, description="the `next` of the previous page"),
+    ]
+
+
 def _v1_paths() -> dict[str, Any]:
     file_id = _param("file_id", "path", _STR)
     batch_id = _param("batch_id", "path", _STR)
@@ -160,12 +195,7 @@ def _v1_paths() -> dict[str, Any]:
             "metadata": {"type": ["object", "null"], "maxProperties": 16,
                          "additionalProperties": {"type": "string", "maxLength": 512}},
         }}}}
-    usage_params = [
-        _param("start", "query", _STR, description="first day, YYYY-MM-DD (default today)"),
-        _param("end", "query", _STR, description="last day, YYYY-MM-DD (default start)"),
-        _param("group_by", "query", _STR, description="comma-separated: day, model, class, "
-                                                        "batch, ..."),
-    ]
+    usage_params = _usage_params()
     return {
         "/v1/models": {"get": _op("The public model names", {
             "200": _ok("A list of models"), **_errors("401")}, _API, op_id="listModels")},
@@ -200,9 +230,10 @@ def _v1_paths() -> dict[str, Any]:
         "/v1/batches/{batch_id}/cancel": {"post": _op("Cancel a batch", {
             "200": _ok("The batch object"), **_errors("400", "401", "404")}, _API,
             params=[batch_id], op_id="cancelBatch")},
-        "/v1/usage": {"get": _op("The caller's own usage by day, model and class", {
-            "200": _ok("Usage rows"), **_errors("400", "401")}, _API, params=usage_params,
-            op_id="getUsage")},
+        "/v1/usage": {"get": _op("The caller's own usage (its key's tenant), from the hourly "
+                                 "rollups", {
+            "200": _ok("Usage rows", schema=_USAGE_PAGE), **_errors("400", "401", "503")},
+            _API, params=usage_params, op_id="getUsage")},
     }
 
 
@@ -234,10 +265,12 @@ def _admin_paths() -> dict[str, Any]:
         "/admin/keys/{key_id}/revoke": {"post": _op("Revoke a managed key", {
             "200": _ok("The revoked key"), **admin}, _ADMIN,
             params=[_param("key_id", "path", _STR)], op_id="adminRevokeKey")},
-        "/admin/usage": {"get": _op("Usage of every tenant (or one)", {
-            "200": _ok("Usage rows"), **admin}, _ADMIN,
-            params=[_param("start", "query", _STR), _param("end", "query", _STR),
-                    _param("group_by", "query", _STR), tenant], op_id="adminUsage")},
+        "/admin/usage": {"get": _op("Usage of every tenant (or one), from the hourly rollups", {
+            "200": _ok("Usage rows", schema=_USAGE_PAGE), **admin, **_errors("503")}, _ADMIN,
+            params=[*_usage_params(admin=True),
+                    _param("tenant", "query", _STR, description="only this tenant (default: "
+                           "every tenant, grouped by tenant first)")],
+            op_id="adminUsage")},
         "/admin/usage/export": {"get": _op("Every usage record in a time range", {
             "200": {"description": "JSON lines or CSV",
                     "content": {"application/x-ndjson": {"schema": {"type": "string"}},
@@ -248,7 +281,8 @@ def _admin_paths() -> dict[str, Any]:
                 _param("format", "query", {"type": "string", "enum": ["jsonl", "csv"]})],
             op_id="adminUsageExport")},
         "/admin/usage/reconcile": {"get": _op("Check a tenant's day: records against rollups", {
-            "200": _ok("Differences, if any"), **admin}, _ADMIN, params=[
+            "200": _ok("Every drifting (hour, group, counter) with both figures"), **admin,
+            **_errors("503")}, _ADMIN, params=[
                 _param("tenant", "query", _STR, required=True),
                 _param("day", "query", _STR, required=True, description="YYYY-MM-DD")],
             op_id="adminUsageReconcile")},

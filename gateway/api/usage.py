@@ -1,89 +1,162 @@
-"""``GET /v1/usage`` (the caller's own tenant) and ``GET /admin/usage`` (all tenants).
+"""``GET /v1/usage`` (the caller's own tenant), ``GET /admin/usage`` (every tenant, or one),
+and the admin export and reconcile routes, over the ledger of record.
 
-Totals of every token kind and cost by day, model, class (and batch), read from the ledger's
-aggregates. A tenant only ever sees its own rows: the tenant comes from the API key, never from
-the query.
+Usage rows come from the hourly rollups (:meth:`~gateway.ledger.sql.store.SqlLedger.usage_rows`):
+``from``/``to`` (``[from, to)``, ISO dates or times on the hour, UTC unless a zone is given,
+default today) or the old ``start``/``end`` (inclusive UTC days); ``group_by``, a comma list of
+hour, day, month, tenant, key, model, class, version, batch, team, organization; ``limit``
+(1..10000, default 1000) and ``after`` (the ``next`` of the page before). Each row carries its
+group's values, every counter, and the cost as micro-units and as a decimal string in the
+price currency.
+
+A tenant only ever sees its own rows: ``/v1/usage`` takes the tenant from the API key and
+nowhere else (a ``tenant`` parameter is not read; a cursor carries group values, never the
+tenant condition). The ``/admin`` routes are guarded by the app's admin gate
+(:func:`gateway.api.admin.admin_gate`) before they are routed. Every bad parameter is a 400
+naming it; a database that is away is a 503, never a 500.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import date
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from litestar import Request, get
 from litestar.response import Stream
 
+from gateway.accounting.prices import format_micros
 from gateway.auth.resolver import INVALID_KEY
-from gateway.errors import AuthenticationFailed, InvalidRequest
-from gateway.ledger import GROUP_DIMENSIONS, stream_csv, stream_jsonl
+from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest
+from gateway.ledger.errors import LedgerUnavailable
+from gateway.ledger.export import stream_csv, stream_jsonl
+from gateway.ledger.sql.schema import ROLLUP_COUNTERS
+from gateway.ledger.sql.usage_query import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    TEXT_DIMENSIONS,
+    UsageQueryError,
+    check_text,
+    parse_group_by,
+)
+from gateway.ledger.window import WindowError, iso_hour, read_window
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
-    from gateway.ledger import Ledger, UsageRow
+    from gateway.ledger.aggregate import UsageRow
+    from gateway.ledger.sql.store import SqlLedger
     from gateway.runtime import Runtime
 
-__all__ = ["usage_handlers"]
+__all__ = ["ADMIN_GROUP_BY", "DEFAULT_GROUP_BY", "LedgerReadUnavailable", "usage_handlers"]
+
+DEFAULT_GROUP_BY = ("day", "model", "class")
+#: the admin's default across tenants: the same rows, one set per tenant
+ADMIN_GROUP_BY = ("tenant", "day", "model", "class")
+#: the bounds of an export's ``start_ms``/``end_ms``
+_MAX_MS = 2**53
 
 
-def _today() -> str:
-    return datetime.now(UTC).date().isoformat()
+class LedgerReadUnavailable(GatewayError):
+    """The ledger database did not answer a read."""
+
+    status = 503
+    type = "api_error"
+    code = "ledger_unavailable"
 
 
-def _group(group_by: str | None) -> tuple[str, ...]:
-    dims = tuple(d.strip() for d in (group_by or "day,model,class").split(",") if d.strip())
-    bad = [d for d in dims if d not in GROUP_DIMENSIONS]
-    if bad:
-        raise InvalidRequest(f"group_by: unknown {bad}; use {', '.join(GROUP_DIMENSIONS)}",
-                             param="group_by")
-    return dims
+def _field(dimension: str) -> str:
+    """The row field a dimension fills (``key`` -> ``key_id``, ``class`` -> ...)."""
+    return TEXT_DIMENSIONS.get(dimension, dimension)
 
 
-def _rows(rows: list[UsageRow]) -> dict[str, Any]:
-    return {"object": "list", "data": msgspec.to_builtins(rows)}
+def _row(row: UsageRow, group_by: Sequence[str], currency: str) -> dict[str, Any]:
+    out: dict[str, Any] = {_field(d): getattr(row, _field(d)) for d in group_by}
+    for counter in ROLLUP_COUNTERS:
+        out[counter] = getattr(row, counter)
+    out["cost"] = format_micros(row.cost_micros)
+    out["currency"] = currency
+    return out
 
 
-def usage_handlers(current: Callable[[], Runtime], ledger: Ledger) -> list[Any]:
-    """Route handlers over the policy in force (for authentication) and the ledger. The
-    ``/admin/usage`` ones are guarded by the app's admin gate
-    (:func:`gateway.api.admin.admin_gate`) before they are routed, so an unauthenticated
-    caller never reaches their parameter validation."""
+def _limit(text: str | None) -> int:
+    if text is None or text == "":
+        return DEFAULT_LIMIT
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_LIMIT:
+        raise InvalidRequest(f"limit: an integer between 1 and {MAX_LIMIT}", param="limit")
+    return value
+
+
+def _unavailable() -> LedgerReadUnavailable:
+    return LedgerReadUnavailable("the usage ledger database is unavailable; try again shortly",
+                                 headers={"Retry-After": "1"})
+
+
+def usage_handlers(current: Callable[[], Runtime], ledger: SqlLedger) -> list[Any]:
+    """Route handlers over the policy in force (authentication, the price currency) and the
+    ledger of record."""
+
+    async def rows(request: Request[Any, Any, Any], tenant: str | None,
+                   default_group: Sequence[str]) -> dict[str, Any]:
+        query = request.query_params
+        try:
+            window = read_window(from_=query.get("from"), to=query.get("to"),
+                                 start=query.get("start"), end=query.get("end"))
+            group = parse_group_by(query.get("group_by"), default_group)
+            limit = _limit(query.get("limit"))
+            page = await ledger.usage_rows(tenant, window.lo, window.hi, group, limit=limit,
+                                           after=query.get("after"))
+        except (WindowError, UsageQueryError) as exc:
+            raise InvalidRequest(str(exc), param=exc.param) from None
+        except LedgerUnavailable:
+            raise _unavailable() from None
+        currency = current().policy.prices.currency
+        body: dict[str, Any] = {"object": "list"}
+        if tenant is not None:
+            body["tenant"] = tenant
+        body.update({
+            "from": iso_hour(window.lo), "to": iso_hour(window.hi), "group_by": list(group),
+            "data": [_row(r, group, currency) for r in page.rows],
+            "has_more": page.has_more, "next": page.next,
+        })
+        return body
 
     @get("/v1/usage")
-    async def own_usage(request: Request[Any, Any, Any], start: str | None = None,
-                        end: str | None = None, group_by: str | None = None) -> dict[str, Any]:
+    async def own_usage(request: Request[Any, Any, Any]) -> dict[str, Any]:
         header = request.headers.get("authorization")
         identity = await current().resolver.authenticate(header.encode() if header else None)
         if identity is None:  # usage belongs to a tenant: anonymous callers have none
             raise AuthenticationFailed(INVALID_KEY)
-        try:
-            rows = await ledger.usage(identity.tenant, start or _today(),
-                                              end or start or _today(), _group(group_by))
-        except ValueError as exc:
-            raise InvalidRequest(str(exc), param="start") from None
-        return {"tenant": identity.tenant, **_rows(rows)}
+        return await rows(request, identity.tenant, DEFAULT_GROUP_BY)
 
     @get("/admin/usage")
-    async def all_usage(start: str | None = None, end: str | None = None,
-                        group_by: str | None = None, tenant: str | None = None
-                        ) -> dict[str, Any]:
-        group = _group(group_by)
-        try:
-            if tenant:
-                rows = await ledger.usage(tenant, start or _today(),
-                                                  end or start or _today(), group)
-            else:
-                rows = await ledger.usage_all(start or _today(),
-                                                      end or start or _today(), group)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc), param="start") from None
-        return _rows(rows)
+    async def all_usage(request: Request[Any, Any, Any]) -> dict[str, Any]:
+        tenant = request.query_params.get("tenant") or None
+        if tenant is not None:
+            try:
+                check_text(tenant, "tenant")
+            except UsageQueryError as exc:
+                raise InvalidRequest(str(exc), param="tenant") from None
+        return await rows(request, tenant, DEFAULT_GROUP_BY if tenant else ADMIN_GROUP_BY)
 
     @get("/admin/usage/export")
     async def export(start_ms: int, end_ms: int, tenant: str | None = None,
                      format: str = "jsonl") -> Stream:
-        records = ledger.export(start_ms, end_ms, tenant)
+        for name, value in (("start_ms", start_ms), ("end_ms", end_ms)):
+            if not 0 <= value <= _MAX_MS:
+                raise InvalidRequest(f"{name}: unix milliseconds, 0..{_MAX_MS}", param=name)
+        if format not in ("jsonl", "csv"):
+            raise InvalidRequest("format: jsonl or csv", param="format")
+        if tenant is not None:
+            try:
+                check_text(tenant, "tenant")
+            except UsageQueryError as exc:
+                raise InvalidRequest(str(exc), param="tenant") from None
+        records = ledger.export(start_ms, end_ms, tenant or None)
         if format == "csv":
             return Stream(stream_csv(records), media_type="text/csv")
         return Stream(stream_jsonl(records), media_type="application/x-ndjson")
@@ -91,10 +164,18 @@ def usage_handlers(current: Callable[[], Runtime], ledger: Ledger) -> list[Any]:
     @get("/admin/usage/reconcile")
     async def reconcile(tenant: str, day: str) -> dict[str, Any]:
         try:
-            diffs = await ledger.reconcile(tenant, day)
-        except ValueError as exc:  # not a YYYY-MM-DD day (was a 500)
-            raise InvalidRequest(str(exc), param="day") from None
-        return {"tenant": tenant, "day": day, "consistent": not diffs,
-                "differences": [str(d) for d in diffs]}
+            when = date.fromisoformat(day)
+            check_text(tenant, "tenant")
+        except UsageQueryError as exc:
+            raise InvalidRequest(str(exc), param="tenant") from None
+        except ValueError:  # not a YYYY-MM-DD day
+            raise InvalidRequest(f"day: {day[:64]!r} is not a day (YYYY-MM-DD)",
+                                 param="day") from None
+        try:
+            drifts = await ledger.drift(tenant, when)
+        except LedgerUnavailable:
+            raise _unavailable() from None
+        return {"tenant": tenant, "day": when.isoformat(), "consistent": not drifts,
+                "differences": msgspec.to_builtins(drifts)}
 
     return [own_usage, all_usage, export, reconcile]

@@ -24,7 +24,7 @@ from gateway.auth.manage import open_keystore
 from gateway.batch import BatchRunner, make_batch_jobs
 from gateway.config import PolicyError, load_policy
 from gateway.http.base import make_upstream
-from gateway.ledger import Ledger, LedgerSettings
+from gateway.ledger import LedgerSettings
 from gateway.ledger.sql import open_ledger
 from gateway.pipeline import Inbound, LineAnswer, Pipeline, Services
 from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, RedisQuotaStore
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
     from gateway.batch import Execute, LineCall
     from gateway.config import Policy, Store
+    from gateway.ledger.sql.store import SqlLedger
     from gateway.quota.alerts import AlertSink
 
 __all__ = ["METRICS_TOKEN_ENV", "SIBLING_RELOAD_TIMEOUT", "Gateway"]
@@ -78,7 +79,7 @@ def ledger_url(store: Store) -> str:
     return f"sqlite:///{(Path(store.data_dir) / 'ledger.db').resolve()}"
 
 
-def make_ledger(store: Store) -> Ledger:
+def make_ledger(store: Store) -> SqlLedger:
     """The ledger of record (PostgreSQL or SQLite), spooling locally when it is away."""
     settings = LedgerSettings(retention_days=store.usage_retention_days)
     return open_ledger(ledger_url(store), spool_dir=store.spool_dir, settings=settings,

@@ -10,7 +10,7 @@ stores do the I/O.
 from __future__ import annotations
 
 from datetime import date, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -54,14 +54,22 @@ _GroupKey = tuple[str | None, str | None, str | None, str | None, str | None]
 
 
 class UsageRow(msgspec.Struct, kw_only=True):
-    """Totals of one group; a dimension not grouped by is None."""
+    """Totals of one group; a dimension not grouped by is None (so is an empty key, version,
+    batch, team or organization in the rollup query's rows: use the group_by to tell them
+    apart). ``hour``/``day``/``month`` are ISO labels (``2024-05-01T13:00:00Z``,
+    ``2024-05-01``, ``2024-05``)."""
 
-    tenant: str
+    tenant: str | None = None
+    hour: str | None = None
     day: str | None = None
     month: str | None = None
+    key_id: str | None = None
     model: str | None = None
     request_class: str | None = None
+    version: str | None = None
     batch_id: str | None = None
+    team: str | None = None
+    organization: str | None = None
     requests: int = 0
     system: int = 0
     history: int = 0
@@ -76,6 +84,17 @@ class UsageRow(msgspec.Struct, kw_only=True):
     #: of ``prompt_total``, tokens written to the backend's cache; of ``output``, reasoning
     cache_write: int = 0
     reasoning: int = 0
+    #: requests whose outcome was not ``completed`` (filled by the rollup query)
+    failed: int = 0
+    #: the lines of ``cost_micros`` (filled by the rollup query)
+    cost_system: int = 0
+    cost_history: int = 0
+    cost_new: int = 0
+    cost_tools: int = 0
+    cost_output: int = 0
+    cost_reasoning: int = 0
+    cost_cached: int = 0
+    cost_cache_write: int = 0
 
 
 def _escape(name: str) -> str:
@@ -178,7 +197,7 @@ def rows_from(
             group[counter] = group.get(counter, 0) + int(value)
     rows = []
     for key in sorted(groups, key=lambda k: tuple(v or "" for v in k)):
-        sums = groups[key]
+        sums: dict[str, Any] = {c: groups[key].get(c, 0) for c in COUNTERS}
         rows.append(
             UsageRow(
                 tenant=tenant,
@@ -187,7 +206,7 @@ def rows_from(
                 model=key[2],
                 request_class=key[3],
                 batch_id=key[4] or None,
-                **{c: sums.get(c, 0) for c in COUNTERS},
+                **sums,
             )
         )
     return rows

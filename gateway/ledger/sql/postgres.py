@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from gateway.ledger.base import LedgerSettings
+    from gateway.ledger.sql.store import Statement
 
 __all__ = ["PostgresLedger", "is_outage"]
 
@@ -277,3 +278,18 @@ class PostgresLedger(SqlLedger):
     async def _records(self, tenant: str, day: str) -> list[UsageRecord]:
         rows = await self._run("fetch", _RECORDS, date.fromisoformat(day), tenant)
         return [UsageRecord(**dict(r.items())) for r in rows]
+
+    async def _fetch_all(self, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
+        pool = await self._get_pool()
+        try:
+            async with pool.acquire(timeout=self._connect_timeout) as conn:
+                if len(statements) == 1:  # one statement is its own snapshot
+                    sql, params = statements[0]
+                    return [[tuple(r) for r in await conn.fetch(sql, *params)]]
+                async with conn.transaction(isolation="repeatable_read", readonly=True):
+                    return [[tuple(r) for r in await conn.fetch(sql, *params)]
+                            for sql, params in statements]
+        except Exception as exc:
+            if is_outage(exc):
+                raise LedgerUnavailable(f"postgresql: {type(exc).__name__}: {exc}") from exc
+            raise

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from datetime import date
 
     from gateway.ledger.base import LedgerSettings
+    from gateway.ledger.sql.store import Statement
 
 __all__ = ["SqliteLedger", "split_script"]
 
@@ -186,11 +187,28 @@ class SqliteLedger(SqlLedger):
             _RECORDS, (day, tenant)).fetchall())
         return [_record(r) for r in rows]
 
+    async def _fetch_all(self, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
+        return await self._on(self._reader, lambda: _read_snapshot(self._r(), statements))
+
 
 def _record(row: Sequence[Any]) -> UsageRecord:
     values = dict(zip(RECORD_COLUMNS, row, strict=True))
     values["estimated"] = bool(row[_ESTIMATED])
     return UsageRecord(**values)
+
+
+def _read_snapshot(conn: sqlite3.Connection, statements: Sequence[Statement]
+                   ) -> list[list[tuple[Any, ...]]]:
+    """The statements' rows from one read transaction (one WAL snapshot)."""
+    if len(statements) == 1:  # one statement is its own snapshot
+        sql, params = statements[0]
+        return [[tuple(r) for r in conn.execute(sql, tuple(params)).fetchall()]]
+    conn.execute("BEGIN")
+    try:
+        return [[tuple(r) for r in conn.execute(sql, tuple(params)).fetchall()]
+                for sql, params in statements]
+    finally:
+        conn.execute("COMMIT")
 
 
 def _insert_rows(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> int:

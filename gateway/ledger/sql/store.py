@@ -11,7 +11,10 @@ batch the database refuses for its content (not an outage: a bug) is retried rec
 and the records it still refuses are quarantined in the spool directory, never dropped.
 
 Reads answer from ``usage_hourly``: the totals of a day or a month are one indexed range of a
-tenant's rollup rows, whatever the number of records behind them.
+tenant's rollup rows, whatever the number of records behind them (``usage_rows``: any
+grouping, keyset pages, see ``usage_query.py``). ``export`` streams records in keyset chunks
+(one chunk in memory at a time, no transaction held between chunks); ``drift`` compares one
+tenant's day of rollups with the sum of its records, both read in one snapshot.
 """
 
 from __future__ import annotations
@@ -29,16 +32,25 @@ from gateway.ledger.base import Ledger, LedgerSettings
 from gateway.ledger.errors import LedgerUnavailable
 from gateway.ledger.record import UsageRecord
 from gateway.ledger.spool import Spool
+from gateway.ledger.sql.drift import compare, day_statements
 from gateway.ledger.sql.migrations import SchemaMismatch, verdict
+from gateway.ledger.sql.params import Params, ordered
+from gateway.ledger.sql.schema import RECORD_COLUMNS, quoted
+from gateway.ledger.sql.usage_query import DEFAULT_LIMIT, UsageQuery
 from gateway.timers.backoff import Backoff
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping, Sequence
 
     from gateway.ledger.aggregate import Period
+    from gateway.ledger.sql.drift import Drift
     from gateway.ledger.sql.migrations import Dialect
+    from gateway.ledger.sql.usage_query import UsagePage
 
-__all__ = ["SqlLedger", "TotalsRow"]
+    #: one read statement and its values, in the dialect's placeholders
+    Statement = tuple[str, Sequence[Any]]
+
+__all__ = ["SqlLedger", "Statement", "TotalsRow"]
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +140,11 @@ class SqlLedger(Ledger):
     @abc.abstractmethod
     async def _records(self, tenant: str, day: str) -> list[UsageRecord]:
         """One tenant's records of one UTC day, in time order."""
+
+    @abc.abstractmethod
+    async def _fetch_all(self, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
+        """Run read statements in one snapshot (one read-only transaction); the rows of
+        each. Raises ``LedgerUnavailable`` when the database is away."""
 
     # -- start and stop --------------------------------------------------------------------
 
@@ -306,6 +323,99 @@ class SqlLedger(Ledger):
     async def _day_records(self, tenant: str, day: str) -> AsyncIterator[UsageRecord]:
         for record in await self._records(tenant, day):
             yield record
+
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        (rows,) = await self._fetch_all([(sql, params)])
+        return rows
+
+    async def usage_rows(
+        self,
+        tenant: str | None,
+        lo_ms: int,
+        hi_ms: int,
+        group_by: Sequence[str],
+        *,
+        limit: int = DEFAULT_LIMIT,
+        after: str | None = None,
+    ) -> UsagePage:
+        """Rollup sums of ``tenant`` (None: every tenant) for the hours starting in
+        ``[lo_ms, hi_ms)``, grouped by ``group_by`` (any of ``usage_query.DIMENSIONS``), in
+        group order, ``limit`` rows from after the cursor ``after``. Raises
+        ``UsageQueryError`` (naming the parameter) for a grouping, limit or cursor it
+        cannot answer."""
+        query = UsageQuery.build(self.dialect, tenant, lo_ms, hi_ms, group_by, limit=limit,
+                                 after=after)
+        if query.exhausted:
+            return query.page([])
+        return query.page(await self._fetch(query.sql, query.params))
+
+    async def export(
+        self, from_ts: int, to_ts: int, tenant: str | None = None, *, chunk: int = 1000
+    ) -> AsyncIterator[UsageRecord]:
+        """Records with ``from_ts <= ts_ms < to_ts`` (unix ms), one tenant or all; ordered by
+        tenant, then time, then request id. Read ``chunk`` records at a time, each chunk
+        starting after the last record of the one before (an index range on
+        ``(tenant, ts_ms)``), so memory stays at one chunk whatever the range."""
+        tenants = [tenant] if tenant is not None else await self.tenants()
+        for name in tenants:
+            last: tuple[int, str] | None = None
+            while True:
+                sql, params = self._export_chunk(name, from_ts, to_ts, last, chunk)
+                rows = await self._fetch(sql, params)
+                for row in rows:
+                    yield _record_of(row)
+                if len(rows) < chunk:
+                    break
+                end = rows[-1]
+                last = (int(end[_TS]), str(end[_REQUEST_ID]))
+
+    def _export_chunk(self, tenant: str, lo: int, hi: int, last: tuple[int, str] | None,
+                      chunk: int) -> Statement:
+        p = Params(self.dialect)
+        request_id = ordered("request_id", self.dialect)
+        start = lo if last is None else max(lo, last[0])
+        where = [f"tenant = {p.add(tenant, 'text')}", f"ts_ms >= {p.add(start, 'bigint')}",
+                 f"ts_ms < {p.add(hi, 'bigint')}"]
+        if self.dialect == "postgresql":  # the day partitions that can hold the range
+            where.append(f"day >= {p.add(_date_of(start), 'date')}")
+            where.append(f"day <= {p.add(_date_of(max(start, hi - 1)), 'date')}")
+        if last is not None:
+            where.append(f"(ts_ms > {p.add(last[0], 'bigint')} OR {request_id} > "
+                         f"{p.add(last[1], 'text')})")
+        sql = (f"SELECT {quoted(RECORD_COLUMNS)} FROM usage_records "
+               f"WHERE {' AND '.join(where)} ORDER BY ts_ms, {request_id} "
+               f"LIMIT {p.add(chunk, 'bigint')}")
+        return sql, p.values
+
+    async def drift(self, tenant: str, day: date) -> list[Drift]:
+        """Every (hour, group, counter) of ``tenant``'s UTC ``day`` where the rollups differ
+        from the sum of the records (both read in one snapshot, so records landing
+        meanwhile are on both sides or neither)."""
+        rollups, records = day_statements(self.dialect, tenant, day)
+        rollup_rows, record_rows = await self._fetch_all([rollups, records])
+        return compare(tenant, rollup_rows, record_rows)
+
+
+_TS = RECORD_COLUMNS.index("ts_ms")
+_REQUEST_ID = RECORD_COLUMNS.index("request_id")
+_ESTIMATED = RECORD_COLUMNS.index("estimated")
+
+
+def _record_of(row: Sequence[Any]) -> UsageRecord:
+    """A ``RECORD_COLUMNS`` row as a record (SQLite keeps ``estimated`` as 0/1)."""
+    values = dict(zip(RECORD_COLUMNS, row, strict=True))
+    values["estimated"] = bool(row[_ESTIMATED])
+    return UsageRecord(**values)
+
+
+_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
+
+
+def _date_of(ts_ms: int) -> date:
+    """The UTC day of ``ts_ms``, clamped to the days a ``date`` can hold (a range given as
+    "everything" reaches far past year 9999)."""
+    days = min(max(ts_ms // _DAY_MS, 1 - _EPOCH_ORDINAL), date.max.toordinal() - _EPOCH_ORDINAL)
+    return date.fromordinal(_EPOCH_ORDINAL + days)
 
 
 def _period_bounds(period: Period) -> tuple[int, int]:
