@@ -356,7 +356,8 @@ class SqlLedger(Ledger):
         tenant, then time, then request id. Read ``chunk`` records at a time, each chunk
         starting after the last record of the one before (an index range on
         ``(tenant, ts_ms)``), so memory stays at one chunk whatever the range."""
-        tenants = [tenant] if tenant is not None else await self.tenants()
+        # code-point order, like the rows (the database's own may follow a locale)
+        tenants = [tenant] if tenant is not None else sorted(await self.tenants())
         for name in tenants:
             last: tuple[int, str] | None = None
             while True:
