@@ -169,7 +169,7 @@ def _usage_params(*, admin: bool = False) -> list[dict[str, Any]]:
         _param("end", "query", _STR, description="the old spelling: last UTC day, inclusive "
                "(default start)"),
         _param("group_by", "query", _STR, description=f"comma-separated, any of {dims} "
-               f"(default {default})"),
+               f"(default {default}; empty: one total row)"),
         _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 10_000},
                description="rows per page (default 1000)"),
         _param("after", "query", _STR, description="the `next` of the previous page"),

@@ -115,8 +115,9 @@ def check_text(value: str, param: str) -> str:
 
 
 def parse_group_by(text: str | None, default: Sequence[str]) -> tuple[str, ...]:
-    """A comma list of dimensions (spaces allowed); absent or empty: ``default``."""
-    if text is None or not text.strip():
+    """A comma list of dimensions (spaces allowed); absent: ``default``; empty: none (one
+    total row)."""
+    if text is None:
         return tuple(default)
     return check_dimensions(d.strip() for d in text.split(",") if d.strip())
 
