@@ -100,6 +100,11 @@ GROUP BY 1, 2, 3, 4
 """
 _RECORDS = (f"SELECT {quoted(RECORD_COLUMNS)} FROM usage_records "
             "WHERE day = $1 AND tenant = $2 ORDER BY ts_ms, request_id")
+#: for the reads' transaction: plan each read with its values. asyncpg prepares statements and
+#: PostgreSQL would switch to a generic plan after five runs; for the usage query that plan
+#: cannot see the hour range, guesses a few hundred rollup rows, and sorts the tens of
+#: thousands of a busy tenant's month on disk (measured: 1.5x slower than the custom plan)
+_READ_SETTINGS = "SET LOCAL plan_cache_mode = force_custom_plan"
 _PARTITIONS = """
 SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'usage_records'
@@ -282,13 +287,11 @@ class PostgresLedger(SqlLedger):
     async def _fetch_all(self, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
         pool = await self._get_pool()
         try:
-            async with pool.acquire(timeout=self._connect_timeout) as conn:
-                if len(statements) == 1:  # one statement is its own snapshot
-                    sql, params = statements[0]
-                    return [[tuple(r) for r in await conn.fetch(sql, *params)]]
-                async with conn.transaction(isolation="repeatable_read", readonly=True):
-                    return [[tuple(r) for r in await conn.fetch(sql, *params)]
-                            for sql, params in statements]
+            async with pool.acquire(timeout=self._connect_timeout) as conn, \
+                    conn.transaction(isolation="repeatable_read", readonly=True):
+                await conn.execute(_READ_SETTINGS)
+                return [[tuple(r) for r in await conn.fetch(sql, *params)]
+                        for sql, params in statements]
         except Exception as exc:
             if is_outage(exc):
                 raise LedgerUnavailable(f"postgresql: {type(exc).__name__}: {exc}") from exc
