@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from gateway.errors import GatewayError
 
 __all__ = [
+    "ERROR_PREFIX",
     "MessagesFrontend",
     "MessagesStream",
     "chat_answer_from_message",
