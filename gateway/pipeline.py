@@ -38,7 +38,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway.accounting import StreamScanner, request_usage
-from gateway.accounting.meter import meter, meter_failed
+from gateway.accounting.meter import count_prompt, meter, meter_failed
+from gateway.apis.plan import CHAT_PATH, Upstream, plan_upstream
+from gateway.apis.registry import frontend_for, parse_translated, send_api_error
 from gateway.context import RequestContext, client_request_id, new_request_id
 from gateway.errors import (
     GatewayError,
@@ -62,7 +64,9 @@ from gateway.upstream.rename import ModelRenamer, RenamingScanner
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
 
-    from gateway.accounting import PromptCounter, TokenUsage
+    from gateway.accounting import PromptCounter, Scanner, TokenUsage
+    from gateway.accounting.usage import Shape
+    from gateway.apis.base import Frontend
     from gateway.auth.resolver import Identity
     from gateway.config import Model
     from gateway.http.base import UpstreamClient
@@ -160,6 +164,7 @@ class Pipeline:
             answer.append((b"x-client-request-id", ctx.client_request_id.encode()))
         span = services.tracing.start(inbound.headers, ctx)
         parsed: ParsedRequest | None = None
+        frontend = frontend_for(inbound.endpoint.api)  # None: a chat-shaped API
         try:
             if inbound.method != "POST":
                 raise MethodNotAllowed(
@@ -171,7 +176,10 @@ class Pipeline:
             identity = await _authenticate(runtime, inbound, ctx)
             # 2. parse and classify
             body = await inbound.read_body(runtime.policy.server.max_body_bytes)
-            parsed = parse_request(body, inbound.endpoint)
+            if frontend is None:
+                parsed = parse_request(body, inbound.endpoint)
+            else:  # Responses, Messages: checked in their shape, carried as chat
+                parsed, _ = parse_translated(body, frontend)
             if inbound.on_body_read is not None:
                 inbound.on_body_read(ctx)
             model = _model(runtime, parsed)
@@ -184,7 +192,7 @@ class Pipeline:
                 ctx.outcome = "failed" if ctx.admitted else "rejected"
             ctx.status, ctx.error = exc.status, exc.message
             if not ctx.response_started:
-                await send_error(send, exc, answer)
+                await _send_error(send, frontend, exc, answer)
         except ClientGone:
             ctx.outcome = "cancelled"
         except asyncio.CancelledError:
@@ -195,7 +203,8 @@ class Pipeline:
             _log.exception("unexpected error in request %s", ctx.request_id)
             ctx.outcome, ctx.status = "failed", 500
             if not ctx.response_started:
-                await send_error(send, InternalError("internal gateway error"), answer)
+                await _send_error(send, frontend, InternalError("internal gateway error"),
+                                  answer)
         finally:
             self._finish(runtime, ctx, parsed, span)
 
@@ -237,29 +246,43 @@ class Pipeline:
             route = router.route_request(model, ctx.request_class or "", ctx.key_id,
                                          parsed.payload, session)
             ctx.version, ctx.upstream_model = route.version, route.upstream_model
-            body, scanner, renamer = _upstream_body(parsed, raw, route.upstream_model)
+            path, frontend = endpoint.path, frontend_for(endpoint.api)
+            shape: Shape = "openai"
+            plan: Upstream | None = None
+            scanner: Scanner | None
+            if frontend is None:
+                body, scanner, renamer = _upstream_body(parsed, raw, route.upstream_model)
+            else:  # passed through to a pool that speaks the API, or translated to chat
+                plan = plan_upstream(
+                    frontend, parsed, route.pool, route.upstream_model, ctx.request_id,
+                    lambda: _prompt_tokens(admitted, counter, parsed))
+                path, body, scanner, shape = plan.path, plan.body, plan.scanner, plan.shape
+                renamer = None
             headers = span.propagate(outbound_headers(inbound.headers, ctx))
             # 5. shadow (admitted requests only: a 429 is never mirrored)
             if model.shadow is not None:
-                services.mirror.start(router, model.shadow, endpoint.path, parsed.payload,
-                                      headers)
+                services.mirror.start(router, model.shadow, CHAT_PATH if frontend else path,
+                                      parsed.payload, headers)
             # 6. forward (retries before the first byte) and relay
             answer.append((b"x-gateway-class", (ctx.request_class or "").encode()))
-            forwarded = await forward(router, services.upstream, route, ctx, endpoint.path,
+            forwarded = await forward(router, services.upstream, route, ctx, path,
                                       body, headers, runtime.timeouts[ctx.request_class or ""],
                                       span, services.metrics)
             answer.append((b"x-gateway-pool", forwarded.pool.name.encode()))
-            if renamer is not None and forwarded.body is not None:
-                forwarded.body = renamer.whole(forwarded.body)
-            done = forwarded
+            metered = forwarded.body  # the backend's own answer, in its usage ``shape``
+            if forwarded.body is not None:
+                if plan is not None:  # the client's API
+                    forwarded.body = plan.answer(forwarded.response.status, forwarded.body)
+                elif renamer is not None:
+                    forwarded.body = renamer.whole(forwarded.body)
 
             async def finish() -> None:
                 """7-8 before the response's last bytes: meter, then the durable record."""
                 ctx.usage = await meter(
                     counter, endpoint.operation, parsed.payload, size,
                     admitted.split if admitted is not None else None,
-                    body=done.body, scanner=scanner, price=price,
-                    batch=ctx.request_class == "batch")
+                    body=metered, scanner=scanner, price=price,
+                    batch=ctx.request_class == "batch", shape=shape)
                 if ctx.status >= 400:  # an error answer: no output was delivered
                     ctx.usage = await meter_failed(
                         counter, endpoint.operation, parsed.payload, size,
@@ -276,8 +299,8 @@ class Pipeline:
                     ctx.usage = await meter(
                         counter, endpoint.operation, parsed.payload, size,
                         admitted.split if admitted is not None else None,
-                        body=forwarded.body, scanner=scanner, price=price,
-                        batch=ctx.request_class == "batch")
+                        body=metered, scanner=scanner, price=price,
+                        batch=ctx.request_class == "batch", shape=shape)
         finally:
             if not ctx.recorded and (forwarded is None or ctx.first_token_ns is None):
                 # failed before any output: tokens counted, cost 0 unless prices.bill_failed
@@ -337,6 +360,16 @@ class Pipeline:
 
 
 # --- the steps' small pieces ------------------------------------------------------------------
+async def _send_error(send: Send, frontend: Frontend | None, error: GatewayError,
+                      headers: RawHeaders) -> None:
+    """An error answer in the client's API: OpenAI's shape, or the front-end's."""
+    if frontend is None:
+        await send_error(send, error, headers)
+    else:
+        await send_api_error(send, frontend, error, headers)
+
+
+
 def _context(inbound: Inbound) -> RequestContext:
     """A request's context under the gateway's own id (a batch line brings one the gateway
     made); the client's id is kept for correlation only."""
@@ -354,6 +387,9 @@ async def _authenticate(runtime: Runtime, inbound: Inbound, ctx: RequestContext
     identity = inbound.identity  # a batch line: authenticated when the batch was created
     if identity is None:
         header = header_value(inbound.headers, b"authorization")
+        if header is None and inbound.endpoint.api == "messages":  # Anthropic's own header
+            key = header_value(inbound.headers, b"x-api-key")
+            header = b"Bearer " + key if key is not None else None
         identity = await runtime.resolver.authenticate(header)
     if identity is None:  # keys are not required by this policy
         ctx.tenant = "anonymous"
@@ -412,6 +448,13 @@ def _upstream_body(parsed: ParsedRequest, body: bytes, upstream_model: str
         scanner = (StreamScanner(strip_usage=not wants_usage) if renamer is None
                    else RenamingScanner(renamer, strip_usage=not wants_usage))
     return body, scanner, renamer
+
+
+def _prompt_tokens(admitted: Admitted | None, counter: PromptCounter, parsed: ParsedRequest
+                   ) -> int:
+    """The prompt's tokens as admission counted them (or counted now, without limits)."""
+    split = admitted.split if admitted is not None else None
+    return (split or count_prompt(counter, "chat", parsed.payload)).total
 
 
 def _actual(usage: TokenUsage | None) -> tuple[int | None, int]:

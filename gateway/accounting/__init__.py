@@ -32,7 +32,7 @@ from gateway.accounting.prices import (
 from gateway.accounting.record import TokenUsage, account, account_body, account_stream
 from gateway.accounting.request import request_usage
 from gateway.accounting.split import PromptCounter, PromptSplit
-from gateway.accounting.sse import StreamScanner
+from gateway.accounting.sse import Scanner, StreamScanner
 from gateway.accounting.usage import (
     AnthropicUsage,
     BackendUsage,
@@ -52,6 +52,7 @@ __all__ = [
     "PromptCounter",
     "PromptSplit",
     "ResponsesUsage",
+    "Scanner",
     "StreamScanner",
     "TokenUsage",
     "account",

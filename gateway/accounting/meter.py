@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from gateway.accounting.prices import ModelPrice
     from gateway.accounting.record import TokenUsage
     from gateway.accounting.split import PromptCounter, PromptSplit
-    from gateway.accounting.sse import StreamScanner
+    from gateway.accounting.sse import Scanner
+    from gateway.accounting.usage import Shape
 
 __all__ = ["count_prompt", "meter", "meter_failed"]
 
@@ -52,14 +53,16 @@ async def meter(
     split: PromptSplit | None,
     *,
     body: bytes | None,
-    scanner: StreamScanner | None,
+    scanner: Scanner | None,
     price: ModelPrice | None,
     batch: bool,
+    shape: Shape = "openai",
 ) -> TokenUsage:
     """Tokens by kind and their cost, after the response (off the latency path).
 
     ``size`` is the request body's length; ``split`` the prompt's count if admission made
-    one; ``body`` the whole answer (non-streamed) or ``scanner`` the stream's scanner.
+    one; ``body`` the whole answer (non-streamed, in the usage ``shape`` of its API) or
+    ``scanner`` the stream's scanner.
     """
     remember = operation == "chat"
 
@@ -69,7 +72,7 @@ async def meter(
             return account_stream(prompt, scanner, counter, price=price, batch=batch,
                                   remember_reply=remember)
         return account_body(prompt, body or b"", counter, price=price, batch=batch,
-                            remember_reply=remember)
+                            remember_reply=remember, shape=shape)
 
     large = ((split is None and size > OFFLOAD_BYTES)
              or (scanner is not None and scanner.usage is None)

@@ -26,8 +26,8 @@ from gateway.accounting.usage import text_from_body, usage_from_body
 
 if TYPE_CHECKING:
     from gateway.accounting.split import PromptCounter, PromptSplit
-    from gateway.accounting.sse import StreamScanner
-    from gateway.accounting.usage import BackendUsage
+    from gateway.accounting.sse import Scanner
+    from gateway.accounting.usage import BackendUsage, Shape
 
 __all__ = ["TokenUsage", "account", "account_body", "account_stream"]
 
@@ -107,7 +107,7 @@ def account(
 
 def account_stream(
     split: PromptSplit,
-    scanner: StreamScanner,
+    scanner: Scanner,
     counter: PromptCounter,
     *,
     price: ModelPrice | None = None,
@@ -132,13 +132,17 @@ def account_body(
     price: ModelPrice | None = None,
     batch: bool = False,
     remember_reply: bool = False,
+    shape: Shape = "openai",
 ) -> TokenUsage:
     """Usage of a non-streamed response body; counts its text only if it carries no usage.
 
     With ``remember_reply`` (chat), the reply is counted into the cache for the next turn.
+    ``shape``: the API of the body (a Messages or Responses answer passed through unchanged
+    has its own usage shape; its text is not read for an estimate).
     """
-    reported = usage_from_body(body)
-    text = text_from_body(body) if reported is None or remember_reply else ""
+    reported = usage_from_body(body, shape)
+    chat = shape == "openai"
+    text = text_from_body(body) if chat and (reported is None or remember_reply) else ""
     estimate = 0 if reported is not None else counter.count_text(text)
     return _finish(split, reported, estimate, text if remember_reply else None, counter, price,
                    batch)

@@ -33,11 +33,47 @@ an end is passed through unscanned up to the next boundary, bounding memory.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 import msgspec
 
 from gateway.accounting.usage import BackendUsage, WireUsage
+from gateway.errors import error_body
 
-__all__ = ["StreamScanner"]
+if TYPE_CHECKING:
+    from gateway.errors import GatewayError
+
+__all__ = ["Scanner", "StreamScanner", "chat_error_event"]
+
+
+def chat_error_event(error: GatewayError) -> bytes:
+    """A chat stream broken after its first byte ends with an OpenAI error object."""
+    payload = error_body(error.message, error.type, None, error.error_code)
+    return b"data: " + payload + b"\n\n"
+
+
+class Scanner(Protocol):
+    """What the relay and the meter use of a stream's scanner: this chat one, a translating
+    one (``gateway/apis``: chat in, the client's API out) or one of a stream passed through
+    in its own API."""
+
+    @property
+    def usage(self) -> BackendUsage | None: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+    def delivered_text(self) -> str: ...
+
+    def reply_text(self) -> str | None: ...
+
+    def error_event(self, error: GatewayError) -> bytes:
+        """The event that ends a stream broken after its first byte, in the client's API."""
+        ...
 
 _LF = b"\n\n"
 _CRLF = b"\r\n\r\n"
@@ -142,6 +178,9 @@ class StreamScanner:
         if replacement is None:
             return tail
         return replacement + tail[len(event) :] if replacement else b""
+
+    def error_event(self, error: GatewayError) -> bytes:
+        return chat_error_event(error)
 
     def delivered_text(self) -> str:
         """Everything generated that was sent: content of all choices, reasoning, tool calls."""

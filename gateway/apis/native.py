@@ -11,6 +11,7 @@ usage). It has the same reading surface as ``StreamScanner`` (``feed``, ``flush`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -19,6 +20,7 @@ from gateway.accounting.usage import usage_from_mapping
 
 if TYPE_CHECKING:
     from gateway.accounting.usage import BackendUsage
+    from gateway.errors import GatewayError
 
 __all__ = ["NativeStreamScanner"]
 
@@ -28,11 +30,13 @@ _decode = msgspec.json.decode
 class NativeStreamScanner:
     """Watches one passed-through stream of ``api`` ("messages" or "responses")."""
 
-    __slots__ = ("_anthropic_usage", "_api", "_tail", "_text", "done", "max_event_bytes",
-                 "usage")
+    __slots__ = ("_anthropic_usage", "_api", "_on_error", "_tail", "_text", "done",
+                 "max_event_bytes", "usage")
 
-    def __init__(self, api: str, *, max_event_bytes: int = 1 << 20) -> None:
+    def __init__(self, api: str, *, on_error: Callable[[GatewayError], bytes] | None = None,
+                 max_event_bytes: int = 1 << 20) -> None:
         self._api = api
+        self._on_error = on_error
         self._tail = b""
         self._text: list[str] = []
         self._anthropic_usage: dict[str, Any] = {}
@@ -105,6 +109,10 @@ class NativeStreamScanner:
             if isinstance(usage, dict):
                 self.usage = usage_from_mapping(usage, "responses")
             self.done = True
+
+    def error_event(self, error: GatewayError) -> bytes:
+        """The API's own error event (``on_error``: the front-end's), ending a broken stream."""
+        return self._on_error(error) if self._on_error is not None else b""
 
     def delivered_text(self) -> str:
         """The text (and tool arguments) relayed so far, for an estimate."""

@@ -48,6 +48,10 @@ PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
 
 
+#: a client API a backend may speak natively
+ApiName = Literal["chat", "responses", "messages"]
+
+
 class _Base(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
     """Policy structs reject unknown fields, so a typo is an error rather than a silent default."""
 
@@ -61,10 +65,20 @@ class Backend(_Base, frozen=True):
     max_in_flight: PositiveInt = 256
     #: environment variable holding the backend's API key; sent as ``Authorization: Bearer``
     api_key_env: str | None = None
+    #: the client APIs it serves natively besides chat completions ("chat", "responses",
+    #: "messages"): a request in one of them passes through unchanged when every backend of
+    #: its pool speaks it, and is translated to chat completions otherwise
+    api: ApiName | list[ApiName] = "chat"
 
     @property
     def label(self) -> str:
         return self.name or self.url
+
+    @property
+    def apis(self) -> frozenset[str]:
+        """The APIs it speaks; chat completions always."""
+        names = [self.api] if isinstance(self.api, str) else self.api
+        return frozenset({"chat", *names})
 
 
 class Health(_Base, frozen=True):

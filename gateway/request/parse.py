@@ -186,14 +186,17 @@ class Endpoint:
     operation: str  # the gen_ai.operation.name it becomes
     input_field: str
     streams: bool
+    #: the client API: chat, completions, embeddings, or a front-end's (responses, messages)
+    api: str = "chat"
 
 
 ENDPOINTS: dict[str, Endpoint] = {
     e.path: e
     for e in (
         Endpoint("/v1/chat/completions", "chat", "messages", True),
-        Endpoint("/v1/completions", "text_completion", "prompt", True),
-        Endpoint("/v1/embeddings", "embeddings", "input", False),
+        Endpoint("/v1/completions", "text_completion", "prompt", True, "completions"),
+        Endpoint("/v1/embeddings", "embeddings", "input", False, "embeddings"),
+        Endpoint("/v1/messages", "chat", "messages", True, "messages"),
     )
 }
 
@@ -205,6 +208,8 @@ class ParsedRequest:
     payload: dict[str, Any]
     model: str
     stream: bool
+    #: a front-end's request as the client sent it (``payload`` is its chat translation)
+    native: dict[str, Any] | None = None
 
 
 def _type_name(value: Any) -> str:

@@ -30,6 +30,7 @@ class BackendState:
     """Configuration and live counters of one backend (per process)."""
 
     __slots__ = (
+        "apis",
         "auth_header",
         "config",
         "consecutive_failures",
@@ -71,7 +72,10 @@ class BackendState:
             "/v1/chat/completions": base + "/chat/completions",
             "/v1/completions": base + "/completions",
             "/v1/embeddings": base + "/embeddings",
+            "/v1/responses": base + "/responses",
+            "/v1/messages": base + "/messages",
         }
+        self.apis = config.apis
         key = os.environ.get(config.api_key_env) if config.api_key_env else None
         self.auth_header = f"Bearer {key}".encode() if key else None
 

@@ -32,7 +32,8 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import BackendFailure, error_body
+from gateway.accounting.sse import chat_error_event
+from gateway.errors import BackendFailure
 from gateway.http.errors import UpstreamError
 from gateway.timers.deadlines import wheel
 from gateway.upstream.forward import log_error_body, scrub
@@ -41,7 +42,7 @@ from gateway.upstream.translate import as_gateway_error
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from gateway.accounting import StreamScanner
+    from gateway.accounting import Scanner
     from gateway.context import RequestContext
     from gateway.types import RawHeaders, Send
     from gateway.upstream.forward import Forwarded
@@ -101,7 +102,7 @@ async def relay_response(
     ctx: RequestContext,
     send: Send,
     extra: RawHeaders,
-    scanner: StreamScanner | None = None,
+    scanner: Scanner | None = None,
     finish: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Send the backend's answer to the client; raises GatewayError before the first byte only.
@@ -165,7 +166,7 @@ async def _relay_stream(
     ctx: RequestContext,
     send: _Guarded,
     extra: RawHeaders,
-    scanner: StreamScanner | None,
+    scanner: Scanner | None,
     finish: Callable[[], Awaitable[None]] | None,
 ) -> None:
     response = forwarded.response
@@ -201,11 +202,8 @@ async def _relay_stream(
         ctx.outcome, ctx.error = "failed", str(exc)
         if response.is_event_stream:
             err = as_gateway_error(exc, ctx.backend or "?")
-            payload = error_body(err.message, err.type, None, err.error_code)
-            await send(
-                {"type": "http.response.body", "body": b"data: " + payload + b"\n\n",
-                 "more_body": True}
-            )
+            event = scanner.error_event(err) if scanner is not None else chat_error_event(err)
+            await send({"type": "http.response.body", "body": event, "more_body": True})
     else:
         ctx.outcome = "completed"
     finally:

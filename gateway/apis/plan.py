@@ -1,0 +1,157 @@
+"""Pass through or translate: what a front-end's request sends upstream, and what comes back.
+
+A request passes through unchanged (its own API's path, the client's body with the backend's
+model name) when every backend of the pool it was routed to speaks its API (``api:`` on the
+backend); otherwise the chat translation goes to ``/v1/chat/completions`` and the answer is
+translated back. The pool decides, not the backend, because a retry may move the request to
+another backend of the pool before the first byte.
+
+``Upstream.answer`` turns a whole answer into the client's body; ``Upstream.metered`` is what
+the meter reads (the backend's own answer, in its own usage shape).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, cast
+
+import msgspec
+
+from gateway.accounting import StreamScanner
+from gateway.apis.native import NativeStreamScanner
+from gateway.apis.translate import TranslatingScanner
+from gateway.errors import (
+    AuthenticationFailed,
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    RateLimited,
+)
+from gateway.upstream.rename import ModelRenamer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from gateway.accounting import Scanner
+    from gateway.accounting.usage import Shape
+    from gateway.apis.base import Frontend
+    from gateway.request.parse import ParsedRequest
+    from gateway.routing.pool import PoolState
+
+__all__ = ["Upstream", "plan_upstream"]
+
+CHAT_PATH = "/v1/chat/completions"
+_SHAPES: dict[str, Shape] = {"messages": "anthropic", "responses": "responses"}
+_encode = msgspec.json.encode
+_decode = msgspec.json.decode
+
+
+@dataclass(slots=True)
+class Upstream:
+    """How one front-end request goes to its backend and comes back."""
+
+    frontend: Frontend
+    native: bool
+    path: str
+    body: bytes
+    scanner: Scanner | None
+    renamer: ModelRenamer | None
+    model: str
+    request_id: str
+    #: the usage shape of what the backend answers
+    shape: Shape
+
+    def answer(self, status: int, body: bytes) -> bytes:
+        """The client's body for a whole answer of the backend."""
+        if self.native:
+            return self.renamer.whole(body) if self.renamer is not None else body
+        if status >= 400:
+            return self.frontend.error(_backend_error(status, body))[1]
+        try:
+            chat = _decode(body)
+        except msgspec.DecodeError:
+            return self.frontend.error(_backend_error(502, b""))[1]
+        if not isinstance(chat, dict):
+            return self.frontend.error(_backend_error(502, b""))[1]
+        return _encode(self.frontend.answer(chat, model=self.model, request_id=self.request_id))
+
+
+def speaks(pool: PoolState, api: str) -> bool:
+    """Every backend of the pool serves ``api`` natively."""
+    return bool(pool.backends) and all(api in b.apis for b in pool.backends)
+
+
+def plan_upstream(
+    frontend: Frontend,
+    parsed: ParsedRequest,
+    pool: PoolState,
+    upstream_model: str,
+    request_id: str,
+    prompt_tokens: Callable[[], int],
+) -> Upstream:
+    """Pass through (the pool speaks the API) or translate to chat; the body, the path, the
+    stream's scanner and the model renamer that go with it."""
+    renamer = ModelRenamer(upstream_model, parsed.model) if upstream_model != parsed.model \
+        else None
+    if speaks(pool, frontend.name) and parsed.native is not None:
+        native = dict(parsed.native)
+        native["model"] = upstream_model
+        scanner: Scanner | None = None
+        if parsed.stream:
+            stream = frontend.stream(model=parsed.model, request_id=request_id, prompt_tokens=0)
+            scanner = _RenamedNative(frontend.name, renamer, stream.fail)
+        return Upstream(frontend, True, frontend.upstream_path, _encode(native), scanner,
+                        renamer, parsed.model, request_id, _SHAPES.get(frontend.name, "openai"))
+    chat = dict(parsed.payload)
+    chat["model"] = upstream_model
+    scanner = None
+    if parsed.stream:
+        translator = frontend.stream(model=parsed.model, request_id=request_id,
+                                     prompt_tokens=prompt_tokens())
+        scanner = TranslatingScanner(StreamScanner(strip_usage=False), translator)
+    return Upstream(frontend, False, CHAT_PATH, _encode(chat), scanner, None, parsed.model,
+                    request_id, "openai")
+
+
+class _RenamedNative(NativeStreamScanner):
+    """A passed-through stream read for usage, with the backend's model name rewritten."""
+
+    __slots__ = ("_renamer",)
+
+    def __init__(self, api: str, renamer: ModelRenamer | None,
+                 on_error: Callable[[GatewayError], bytes]) -> None:
+        super().__init__(api, on_error=on_error)
+        self._renamer = renamer
+
+    def feed(self, chunk: bytes) -> bytes:
+        out = super().feed(chunk)
+        return self._renamer.chunk(out) if self._renamer is not None else out
+
+    def flush(self) -> bytes:
+        out = super().flush()
+        if self._renamer is None:
+            return out
+        return self._renamer.chunk(out) + self._renamer.flush()
+
+
+@lru_cache(maxsize=16)
+def _error_class(status: int) -> type[GatewayError]:
+    """A gateway error class for a backend's error status (its message is the backend's)."""
+    base: type[GatewayError] = {400: InvalidRequest, 401: AuthenticationFailed,
+                                404: ModelNotFound, 429: RateLimited}.get(status, InvalidRequest)
+    return cast("type[GatewayError]", type(f"Backend{status}", (base,), {"status": status}))
+
+
+def _backend_error(status: int, body: bytes) -> GatewayError:
+    """A chat backend's error answer as a gateway error, to be shown in the client's API."""
+    message = "the backend could not serve the request"
+    try:
+        data: Any = _decode(body) if body else None
+    except msgspec.DecodeError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        text = data["error"].get("message")
+        if isinstance(text, str) and text:
+            message = text[:2000]
+    return _error_class(status)(message)

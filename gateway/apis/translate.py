@@ -1,0 +1,53 @@
+"""A translated stream: the backend's chat SSE read for usage, then turned into the client's API.
+
+The chat scanner (``accounting.sse.StreamScanner``) reads the backend's stream as it does for a
+chat client (usage, delivered text, ``[DONE]``) and passes every byte on; the front-end's
+``StreamTranslator`` turns those bytes into the client's events. The pair has the scanner's
+surface (``accounting.sse.Scanner``), so the relay and the meter use it like any other.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.accounting import StreamScanner
+    from gateway.accounting.usage import BackendUsage
+    from gateway.apis.base import StreamTranslator
+    from gateway.errors import GatewayError
+
+__all__ = ["TranslatingScanner"]
+
+
+class TranslatingScanner:
+    """Chat SSE in (scanned for usage), the client API's SSE out."""
+
+    __slots__ = ("_scanner", "_translator")
+
+    def __init__(self, scanner: StreamScanner, translator: StreamTranslator) -> None:
+        self._scanner = scanner
+        self._translator = translator
+
+    @property
+    def usage(self) -> BackendUsage | None:
+        return self._scanner.usage
+
+    @property
+    def done(self) -> bool:
+        return self._scanner.done
+
+    def feed(self, chunk: bytes) -> bytes:
+        return self._translator.feed(self._scanner.feed(chunk))
+
+    def flush(self) -> bytes:
+        tail = self._scanner.flush()
+        return (self._translator.feed(tail) if tail else b"") + self._translator.finish()
+
+    def delivered_text(self) -> str:
+        return self._scanner.delivered_text()
+
+    def reply_text(self) -> str | None:
+        return self._scanner.reply_text()
+
+    def error_event(self, error: GatewayError) -> bytes:
+        return self._translator.fail(error)
