@@ -364,9 +364,8 @@ def _check_echoed(payload: Mapping[str, Any]) -> None:
                     len(value) > _METADATA_VALUE):
                 raise _bad(f"'metadata' keys are strings of at most {_METADATA_KEY} characters "
                            f"and values strings of at most {_METADATA_VALUE}", "metadata")
-    for key in ("store",):
-        if payload.get(key) is not None:
-            _boolean(payload[key], key)
+    if payload.get("store") is not None:
+        _boolean(payload["store"], "store")
     for key in ("previous_response_id", "prompt_cache_key", "safety_identifier",
                 "service_tier", "prompt_cache_retention"):
         if payload.get(key) is not None:
