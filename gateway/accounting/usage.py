@@ -29,7 +29,8 @@ given). ``output_tokens`` includes any thinking; Anthropic reports no reasoning 
 reasoning is 0.
 
 **OpenAI Responses** (:class:`ResponsesUsage`, ``shape="responses"``): ``input_tokens``
-includes ``input_tokens_details.cached_tokens``, ``output_tokens`` includes
+includes ``input_tokens_details.cached_tokens`` (the read) and
+``input_tokens_details.cache_write_tokens`` (the write), ``output_tokens`` includes
 ``output_tokens_details.reasoning_tokens``; the same rule as chat under other names.
 
 Whatever the shape, the result keeps the bucket invariants: ``cached_tokens + cache_write_tokens
@@ -185,6 +186,7 @@ class AnthropicUsage(msgspec.Struct):
 
 class _InputDetails(msgspec.Struct):
     cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
 
 
 class _OutputDetails(msgspec.Struct):
@@ -208,7 +210,7 @@ class ResponsesUsage(msgspec.Struct):
             self.output_tokens or 0,
             self.total_tokens or 0,
             (details.cached_tokens or 0) if details is not None else 0,
-            0,
+            (details.cache_write_tokens or 0) if details is not None else 0,
             (out_details.reasoning_tokens or 0) if out_details is not None else 0,
         )
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from gateway.accounting.usage import BackendUsage
     from gateway.errors import GatewayError
 
@@ -77,15 +79,19 @@ class Frontend(abc.ABC):
         the request's own; they count as history."""
 
     @abc.abstractmethod
-    def answer(self, chat: dict[str, Any], *, model: str, request_id: str) -> dict[str, Any]:
+    def answer(self, chat: dict[str, Any], *, model: str, request_id: str,
+               request: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The API's non-streamed answer for a chat completions answer (``model``: the public
-        name the client asked for; ``request_id``: the gateway's, for ids the API needs)."""
+        name the client asked for; ``request_id``: the gateway's, for ids the API needs;
+        ``request``: the client's request as sent, for APIs whose answers echo its settings,
+        such as Responses' ``tools`` and ``instructions``; others ignore it)."""
 
     @abc.abstractmethod
-    def stream(self, *, model: str, request_id: str, prompt_tokens: int) -> StreamTranslator:
+    def stream(self, *, model: str, request_id: str, prompt_tokens: int,
+               request: Mapping[str, Any] | None = None) -> StreamTranslator:
         """A translator for one streamed answer (``prompt_tokens``: the gateway's count of the
         translated prompt, for APIs that report input usage before the backend's usage
-        arrives, such as Anthropic's ``message_start``)."""
+        arrives, such as Anthropic's ``message_start``; ``request`` as for ``answer``)."""
 
     @abc.abstractmethod
     def error(self, error: GatewayError) -> tuple[int, bytes]:

@@ -1,0 +1,255 @@
+"""The Responses ``response`` object, built from a chat completions answer (and back).
+
+One builder (``response_object``) makes every response the front-end writes: the non-streamed
+answer, and the snapshots a stream carries in ``response.created`` / ``response.in_progress`` /
+``response.completed``, so a stream's last event and the whole answer for the same chat answer
+are the same object. Besides the output it echoes the request's settings, as OpenAI does and as
+the SDK's ``Response`` model requires (``tools``, ``tool_choice``, ``parallel_tool_calls``, ...).
+
+Output items from a chat answer, in this order: the backend's reasoning text
+(``reasoning_content`` or ``reasoning``, as vLLM and DeepSeek send it) as a ``reasoning`` item
+with a ``reasoning_text`` part; the assistant text (and a refusal) as one ``message`` item; each
+tool call as a ``function_call`` item whose ``call_id`` is the chat tool call's id. A message
+item is written when there is text or a refusal, or when there is nothing else (an empty
+answer is an empty message). Item ids are ``<kind>_<request id>_<output index>``, so the stream
+and the whole answer name them alike. ``finish_reason`` ``length`` makes the response
+``incomplete`` (reason ``max_output_tokens``; ``content_filter`` likewise), and its last item too.
+
+Usage: the chat usage read by ``gateway.accounting.usage`` (one reading of the cache aliases,
+clamped buckets), written in the Responses names; null when the backend sent none (the
+gateway's own estimate is not known here).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from gateway.accounting.usage import usage_from_mapping
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from gateway.accounting.usage import BackendUsage
+
+__all__ = [
+    "INCOMPLETE",
+    "chat_answer_from_response",
+    "chat_usage",
+    "function_call_item",
+    "item_id",
+    "message_item",
+    "output_text",
+    "reasoning_item",
+    "response_id",
+    "response_object",
+    "responses_answer",
+    "responses_usage",
+    "text_part",
+]
+
+#: chat ``finish_reason`` -> the reason of an ``incomplete`` response
+INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+_FINISH = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+
+def response_id(request_id: str) -> str:
+    """The response's id for the gateway's request id."""
+    return f"resp_{request_id}"
+
+
+def item_id(kind: str, request_id: str, index: int) -> str:
+    """An output item's id: ``msg``, ``fc`` or ``rs``, the request id, its output index."""
+    return f"{kind}_{request_id}_{index}"
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def message_item(id_: str, parts: list[dict[str, Any]], status: str) -> dict[str, Any]:
+    return {"id": id_, "type": "message", "status": status, "role": "assistant",
+            "content": parts}
+
+
+def function_call_item(id_: str, call_id: str, name: str, arguments: str, status: str
+                       ) -> dict[str, Any]:
+    return {"id": id_, "type": "function_call", "status": status, "arguments": arguments,
+            "call_id": call_id, "name": name}
+
+
+def reasoning_item(id_: str, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    return {"id": id_, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
+def output_text(output: list[dict[str, Any]]) -> str:
+    """The joined text of the output's messages (what the SDK's ``output_text`` computes)."""
+    return "".join(part["text"] for item in output if item.get("type") == "message"
+                   for part in item.get("content", ()) if part.get("type") == "output_text")
+
+
+def responses_usage(usage: BackendUsage | None) -> dict[str, Any] | None:
+    """Usage in the Responses names (the details are parts of the totals, as in chat)."""
+    if usage is None:
+        return None
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens,
+                                 "cache_write_tokens": usage.cache_write_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.total_tokens or usage.prompt_tokens + usage.completion_tokens,
+    }
+
+
+def chat_usage(usage: Mapping[str, Any]) -> dict[str, Any]:
+    """Responses usage in the chat names (the inverse of ``responses_usage``)."""
+    details = usage.get("input_tokens_details") or {}
+    out_details = usage.get("output_tokens_details") or {}
+    return {
+        "prompt_tokens": usage.get("input_tokens", 0),
+        "completion_tokens": usage.get("output_tokens", 0),
+        "total_tokens": usage.get("total_tokens", 0),
+        "prompt_tokens_details": {"cached_tokens": details.get("cached_tokens", 0),
+                                  "cache_write_tokens": details.get("cache_write_tokens", 0)},
+        "completion_tokens_details": {"reasoning_tokens": out_details.get("reasoning_tokens", 0)},
+    }
+
+
+def response_object(
+    *,
+    request_id: str,
+    model: str,
+    created_at: int,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+    request: Mapping[str, Any] | None,
+    incomplete: str | None = None,
+) -> dict[str, Any]:
+    """A ``response`` with the request's settings echoed (defaults when ``request`` is None)."""
+    req = request or {}
+    text = req.get("text") or {}
+    reasoning = req.get("reasoning") or {}
+    text_echo: dict[str, Any] = {"format": text.get("format") or {"type": "text"}}
+    if text.get("verbosity") is not None:
+        text_echo["verbosity"] = text["verbosity"]
+    return {
+        "id": response_id(request_id),
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "background": False,
+        "error": None,
+        "incomplete_details": None if incomplete is None else {"reason": incomplete},
+        "instructions": req.get("instructions"),
+        "max_output_tokens": req.get("max_output_tokens"),
+        "model": model,
+        "output": output,
+        "output_text": output_text(output),
+        "parallel_tool_calls": req.get("parallel_tool_calls", True),
+        "previous_response_id": req.get("previous_response_id"),
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+        "store": req.get("store", True),
+        "temperature": req.get("temperature", 1.0),
+        "text": text_echo,
+        "tool_choice": req.get("tool_choice", "auto"),
+        "tools": req.get("tools") or [],
+        "top_p": req.get("top_p", 1.0),
+        "truncation": req.get("truncation") or "disabled",
+        "usage": usage,
+        "user": req.get("user"),
+        "metadata": req.get("metadata") or {},
+    }
+
+
+def _text_of(content: Any) -> str:
+    """A chat message's text: a string, or the text of its parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def _arguments(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return "" if value is None else msgspec.json.encode(value).decode()
+
+
+def responses_answer(chat: Mapping[str, Any], *, model: str, request_id: str,
+                     request: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``response`` for a non-streamed chat completions answer."""
+    choices = chat.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    message = choice.get("message") or {}
+    incomplete = INCOMPLETE.get(str(choice.get("finish_reason")))
+    output: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        output.append(reasoning_item(item_id("rs", request_id, 0), reasoning, "completed"))
+    text = _text_of(message.get("content"))
+    refusal = message.get("refusal")
+    calls = [c for c in message.get("tool_calls") or () if isinstance(c, dict)]
+    if text or refusal or not calls:
+        parts = [text_part(text)] if text or not refusal else []
+        if isinstance(refusal, str) and refusal:
+            parts.append({"type": "refusal", "refusal": refusal})
+        output.append(message_item(item_id("msg", request_id, len(output)), parts, "completed"))
+    for call in calls:
+        function = call.get("function") or {}
+        output.append(function_call_item(
+            item_id("fc", request_id, len(output)), str(call.get("id") or ""),
+            str(function.get("name") or ""), _arguments(function.get("arguments")),
+            "completed"))
+    if incomplete is not None:
+        output[-1]["status"] = "incomplete"
+    raw_usage = chat.get("usage")
+    usage = usage_from_mapping(raw_usage, "openai") if isinstance(raw_usage, dict) else None
+    created = chat.get("created")
+    return response_object(
+        request_id=request_id, model=model,
+        created_at=created if isinstance(created, int) else int(time.time()),
+        status="completed" if incomplete is None else "incomplete",
+        output=output, usage=responses_usage(usage), request=request, incomplete=incomplete)
+
+
+def chat_answer_from_response(response: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``response`` as the chat completions answer it was made from (the common subset: one
+    assistant message with its text, tool calls and reasoning; finish reason; usage)."""
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for item in response.get("output") or ():
+        kind = item.get("type")
+        if kind == "message":
+            texts.extend(p["text"] for p in item.get("content", ())
+                         if p.get("type") == "output_text")
+        elif kind == "reasoning":
+            reasoning.extend(p["text"] for p in item.get("content") or ())
+        elif kind == "function_call":
+            calls.append({"id": item["call_id"], "type": "function",
+                          "function": {"name": item["name"], "arguments": item["arguments"]}})
+    message: dict[str, Any] = {"role": "assistant",
+                               "content": "".join(texts) if texts or not calls else None}
+    if calls:
+        message["tool_calls"] = calls
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    details = response.get("incomplete_details") or {}
+    finish = _FINISH.get(str(details.get("reason")), "tool_calls" if calls else "stop")
+    answer: dict[str, Any] = {
+        "id": response.get("id"),
+        "object": "chat.completion",
+        "created": response.get("created_at"),
+        "model": response.get("model"),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
+    usage = response.get("usage")
+    if isinstance(usage, dict):
+        answer["usage"] = chat_usage(usage)
+    return answer

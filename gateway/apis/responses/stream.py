@@ -1,0 +1,426 @@
+"""A streamed answer: chat completions SSE in, Responses SSE out, never holding an event back.
+
+Per streamed request, fed the chat SSE bytes as the backend sends them (an event may be split
+anywhere; the part after the last blank line waits for its end). Each chat chunk becomes the
+Responses events it implies, written as ``event: <type>\\ndata: <json>\\n\\n`` with a
+``sequence_number`` counting from 0:
+
+* the first chunk: ``response.created`` and ``response.in_progress`` (a snapshot with no output;
+  ``created_at`` is the chunk's ``created``);
+* reasoning text (``delta.reasoning_content`` / ``delta.reasoning``): a ``reasoning`` item with a
+  ``reasoning_text`` part, ``response.reasoning_text.delta`` events;
+* text (``delta.content``; a ``delta.refusal`` is a ``refusal`` part of the same message): a
+  ``message`` item, ``response.output_item.added`` (status ``in_progress``),
+  ``response.content_part.added``, ``response.output_text.delta`` ...;
+* each tool call (``delta.tool_calls[i]``, by ``index``): a ``function_call`` item,
+  ``response.output_item.added``, ``response.function_call_arguments.delta`` ...
+
+One item is open at a time, as OpenAI streams them: the next item's first delta (or the
+chunk's ``finish_reason``) closes the open one with its ``*.done`` events, its
+``response.content_part.done`` and ``response.output_item.done``. A backend that went back to a
+call it had left (no known backend does) has those arguments added to the final object only,
+since that call's ``done`` events are already out. ``data: [DONE]``, or the end of the stream
+without it (``finish``), writes the last event: ``response.completed`` with the whole response,
+or ``response.incomplete`` when the backend stopped at ``length`` / ``content_filter`` (OpenAI's
+terminal event for an incomplete response). Its usage is the backend's usage chunk (the
+translation asks for it with ``include_usage``), or null when the backend sent none. The final
+object is built by the same code as the non-streamed answer, so both are equal for the same
+chat answer.
+
+A stream broken after its first byte ends with ``fail``: one ``error`` event (``code``,
+``message``, ``param``) and nothing after; a backend chunk carrying an ``error`` does the same.
+The per-token events are rendered from a prefix made once per content part: one JSON encode of
+the delta text per chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from gateway.accounting.usage import usage_from_mapping
+from gateway.apis.base import StreamTranslator
+from gateway.apis.responses.answer import (
+    INCOMPLETE,
+    function_call_item,
+    item_id,
+    message_item,
+    reasoning_item,
+    response_object,
+    responses_usage,
+    text_part,
+)
+from gateway.errors import BackendFailure
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from gateway.accounting.usage import BackendUsage
+    from gateway.errors import GatewayError
+
+__all__ = ["ResponsesStream"]
+
+_LF = b"\n\n"
+_CRLF = b"\r\n\r\n"
+_DONE = b"[DONE]"
+_encode = msgspec.json.encode
+
+
+class _Function(msgspec.Struct):
+    name: str | None = None
+    arguments: Any = None
+
+
+class _ToolCall(msgspec.Struct):
+    index: int | None = None
+    id: str | None = None
+    function: _Function | None = None
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    refusal: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Choice(msgspec.Struct):
+    index: int = 0
+    delta: _Delta | None = None
+    finish_reason: str | None = None
+
+
+class _Chunk(msgspec.Struct):
+    created: int | None = None
+    choices: list[_Choice] | None = None
+    usage: dict[str, Any] | None = None
+    error: Any = None
+
+
+_decode_chunk = msgspec.json.Decoder(_Chunk).decode
+
+#: per content part kind: (delta event, done event, the done event's text field)
+_PART_EVENTS = {
+    "output_text": ("response.output_text.delta", "response.output_text.done", "text"),
+    "refusal": ("response.refusal.delta", "response.refusal.done", "refusal"),
+    "reasoning_text": ("response.reasoning_text.delta", "response.reasoning_text.done", "text"),
+}
+
+
+class _Open:
+    """The output item being streamed."""
+
+    __slots__ = ("args", "call_id", "id", "index", "key", "kind", "name", "part", "parts",
+                 "prefix", "texts")
+
+    def __init__(self, kind: str, index: int, id_: str) -> None:
+        self.kind = kind  # message, reasoning, function_call
+        self.index = index
+        self.id = id_
+        self.parts: list[dict[str, Any]] = []  # closed content parts
+        self.part: str | None = None  # the open part's kind
+        self.texts: list[str] = []  # the open part's text (or a call's arguments)
+        self.prefix = b""  # the open part's (or call's) delta event up to the delta
+        self.key: int | str | None = None
+        self.call_id = ""
+        self.name = ""
+        self.args: list[str] = []  # a call's arguments
+
+
+def _prefix(type_: str, fields: dict[str, Any]) -> bytes:
+    """A delta event up to its ``delta`` value."""
+    head = _encode({"type": type_, **fields})[:-1]
+    return b"event: " + type_.encode() + b"\ndata: " + head + b',"delta":'
+
+
+class ResponsesStream(StreamTranslator):
+    """One streamed Responses answer (see the module docstring)."""
+
+    def __init__(self, *, model: str, request_id: str, prompt_tokens: int,
+                 request: Mapping[str, Any] | None = None) -> None:
+        self._model = model
+        self._rid = request_id
+        self.prompt_tokens = prompt_tokens
+        self._request = request
+        self._seq = 0
+        self._tail = b""
+        self._sep: bytes | None = None
+        self._started = False
+        self._closed = False
+        self._created_at = 0
+        self._count = 0  # output items opened
+        self._open: _Open | None = None
+        self._output: list[dict[str, Any]] = []  # closed items, in output order
+        self._calls: dict[int | str, int] = {}  # tool call key -> output index
+        self._finish: str | None = None
+        #: the backend's usage, when its usage chunk arrived
+        self.usage: BackendUsage | None = None
+        #: chat events that were not JSON (skipped)
+        self.malformed = 0
+
+    # -- the contract -------------------------------------------------------------------------
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._closed:
+            return b""
+        data = self._tail + chunk if self._tail else chunk
+        sep = self._sep or self._detect(data)
+        cut = -1 if sep is None else data.rfind(sep)
+        if sep is None or cut < 0:
+            self._tail = data
+            return b""
+        self._tail = data[cut + len(sep):]
+        out: list[bytes] = []
+        for event in data[:cut].split(sep):
+            if event and not self._closed:
+                self._event(event, out)
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        if self._closed:
+            return b""
+        out: list[bytes] = []
+        tail, self._tail = self._tail.strip(b"\r\n"), b""
+        if tail:
+            self._event(tail, out)
+        if not self._closed:
+            self._complete(out)
+        return b"".join(out)
+
+    def fail(self, error: GatewayError) -> bytes:
+        if self._closed:
+            return b""
+        self._closed = True
+        return self._emit("error", {"code": error.error_code or error.type,
+                                    "message": error.message, "param": error.param})
+
+    # -- chat events in -----------------------------------------------------------------------
+
+    def _detect(self, data: bytes) -> bytes | None:
+        i = data.find(b"\n")
+        if i < 0:
+            return None
+        self._sep = _CRLF if i > 0 and data[i - 1] == 13 else _LF
+        return self._sep
+
+    def _event(self, event: bytes, out: list[bytes]) -> None:
+        if event.startswith(b"data: ") and b"\n" not in event:
+            payload: bytes | None = event[6:]
+        else:
+            payload = _data_field(event)
+        if payload is None:
+            return  # a comment (keep-alive) or an event without data
+        if payload == _DONE:
+            self._complete(out)
+            return
+        try:
+            chunk = _decode_chunk(payload)
+        except msgspec.DecodeError:
+            self.malformed += 1
+            return
+        if chunk.error is not None:
+            out.append(self.fail(BackendFailure("the backend failed during the stream")))
+            return
+        if not self._started:
+            self._start(chunk.created, out)
+        for choice in chunk.choices or ():
+            if choice.index != 0:
+                continue  # one answer: Responses has no ``n``
+            delta = choice.delta
+            if delta is not None:
+                reasoning = delta.reasoning_content or delta.reasoning
+                if reasoning:
+                    self._text("reasoning", "reasoning_text", reasoning, out)
+                if delta.content:
+                    self._text("message", "output_text", delta.content, out)
+                if delta.refusal:
+                    self._text("message", "refusal", delta.refusal, out)
+                for call in delta.tool_calls or ():
+                    self._tool(call, out)
+            if choice.finish_reason is not None:
+                self._finish = choice.finish_reason
+                self._end_output(out)
+        if chunk.usage is not None:
+            self.usage = usage_from_mapping(chunk.usage, "openai")
+
+    # -- Responses events out -----------------------------------------------------------------
+
+    def _emit(self, type_: str, fields: dict[str, Any]) -> bytes:
+        seq = self._seq
+        self._seq += 1
+        data = _encode({"type": type_, **fields, "sequence_number": seq})
+        return b"event: " + type_.encode() + b"\ndata: " + data + b"\n\n"
+
+    def _delta(self, prefix: bytes, text: str) -> bytes:
+        seq = self._seq
+        self._seq += 1
+        return b"%s%s,\"sequence_number\":%d}\n\n" % (prefix, _encode(text), seq)
+
+    def _snapshot(self, status: str, output: list[dict[str, Any]],
+                  usage: dict[str, Any] | None, incomplete: str | None) -> dict[str, Any]:
+        return response_object(request_id=self._rid, model=self._model,
+                               created_at=self._created_at, status=status, output=output,
+                               usage=usage, request=self._request, incomplete=incomplete)
+
+    def _start(self, created: int | None, out: list[bytes]) -> None:
+        self._started = True
+        self._created_at = created if created is not None else int(time.time())
+        snapshot = self._snapshot("in_progress", [], None, None)
+        out.append(self._emit("response.created", {"response": snapshot}))
+        out.append(self._emit("response.in_progress", {"response": snapshot}))
+
+    def _complete(self, out: list[bytes]) -> None:
+        """The last event: the whole response."""
+        if not self._started:
+            self._start(None, out)
+        self._end_output(out)
+        incomplete = INCOMPLETE.get(self._finish or "")
+        response = self._snapshot("completed" if incomplete is None else "incomplete",
+                                  self._output, responses_usage(self.usage), incomplete)
+        kind = "response.completed" if incomplete is None else "response.incomplete"
+        out.append(self._emit(kind, {"response": response}))
+        self._closed = True
+
+    def _end_output(self, out: list[bytes]) -> None:
+        """The answer is over: close the open item as its last; an answer of no text and no
+        call gets an empty message, as the whole answer has."""
+        open_kind = self._open.kind if self._open is not None else "reasoning"
+        if open_kind == "reasoning" and all(i["type"] == "reasoning" for i in self._output):
+            self._text("message", "output_text", "", out)
+        self._close(out, last=True)
+
+    def _item_open(self, kind: str, out: list[bytes]) -> _Open:
+        self._close(out, last=False)
+        index = self._count
+        self._count += 1
+        prefix = {"message": "msg", "reasoning": "rs", "function_call": "fc"}[kind]
+        item = self._open = _Open(kind, index, item_id(prefix, self._rid, index))
+        if kind == "message":
+            added = message_item(item.id, [], "in_progress")
+        elif kind == "reasoning":
+            added = reasoning_item(item.id, None, "in_progress")
+        else:
+            return item  # a call's added event needs its call id and name (``_tool``)
+        out.append(self._emit("response.output_item.added",
+                              {"output_index": index, "item": added}))
+        return item
+
+    def _text(self, kind: str, part: str, text: str, out: list[bytes]) -> None:
+        """A text delta of a message or reasoning item; opens the item and part as needed."""
+        item = self._open
+        if item is None or item.kind != kind:
+            item = self._item_open(kind, out)
+        if item.part != part:
+            if item.part is not None:
+                self._part_done(item, out)
+            self._part_added(item, part, out)
+        if text:
+            item.texts.append(text)
+            out.append(self._delta(item.prefix, text))
+
+    def _part_added(self, item: _Open, part: str, out: list[bytes]) -> None:
+        item.part = part
+        item.texts = []
+        where = {"item_id": item.id, "output_index": item.index,
+                 "content_index": len(item.parts)}
+        empty = (text_part("") if part == "output_text" else
+                 {"type": "refusal", "refusal": ""} if part == "refusal" else
+                 {"type": "reasoning_text", "text": ""})
+        out.append(self._emit("response.content_part.added", {**where, "part": empty}))
+        delta_type = _PART_EVENTS[part][0]
+        extra: dict[str, Any] = {"logprobs": []} if part == "output_text" else {}
+        item.prefix = _prefix(delta_type, {**where, **extra})
+
+    def _part_done(self, item: _Open, out: list[bytes]) -> None:
+        part = item.part
+        assert part is not None
+        text = "".join(item.texts)
+        _, done_type, field = _PART_EVENTS[part]
+        where = {"item_id": item.id, "output_index": item.index,
+                 "content_index": len(item.parts)}
+        extra: dict[str, Any] = {"logprobs": []} if part == "output_text" else {}
+        out.append(self._emit(done_type, {**where, field: text, **extra}))
+        whole = (text_part(text) if part == "output_text" else
+                 {"type": "refusal", "refusal": text} if part == "refusal" else
+                 {"type": "reasoning_text", "text": text})
+        out.append(self._emit("response.content_part.done", {**where, "part": whole}))
+        item.parts.append(whole)
+        item.part = None
+
+    def _tool(self, call: _ToolCall, out: list[bytes]) -> None:
+        item = self._open
+        function = call.function
+        name = function.name if function is not None else None
+        args = function.arguments if function is not None else None
+        if args is not None and not isinstance(args, str):
+            args = _encode(args).decode()
+        key: int | str
+        if call.index is not None:
+            key = call.index
+        elif call.id is not None and (item is None or item.call_id != call.id):
+            key = f"id:{call.id}"
+        else:
+            key = item.key if item is not None and item.key is not None else 0
+        if item is None or item.kind != "function_call" or item.key != key:
+            done = self._calls.get(key)
+            if done is not None:  # a call already closed: the final object only
+                self._output[done]["arguments"] += args or ""
+                return
+            item = self._item_open("function_call", out)
+            item.key = key
+            item.call_id = call.id or f"call_{self._rid}_{item.index}"
+            item.name = name or ""
+            self._calls[key] = item.index
+            out.append(self._emit("response.output_item.added", {
+                "output_index": item.index,
+                "item": function_call_item(item.id, item.call_id, item.name, "", "in_progress"),
+            }))
+            item.prefix = _prefix("response.function_call_arguments.delta",
+                                  {"item_id": item.id, "output_index": item.index})
+        elif name:
+            item.name += name
+        if args:
+            item.args.append(args)
+            out.append(self._delta(item.prefix, args))
+
+    def _close(self, out: list[bytes], *, last: bool) -> None:
+        """Close the open item (``last``: the answer ends with it, so a stop at the length
+        limit makes it incomplete)."""
+        item = self._open
+        if item is None:
+            return
+        self._open = None
+        status = "incomplete" if last and self._finish in INCOMPLETE else "completed"
+        if item.kind == "function_call":
+            arguments = "".join(item.args)
+            out.append(self._emit("response.function_call_arguments.done", {
+                "item_id": item.id, "output_index": item.index, "arguments": arguments}))
+            done = function_call_item(item.id, item.call_id, item.name, arguments, status)
+        else:
+            if item.part is not None:
+                self._part_done(item, out)
+            if item.kind == "message":
+                done = message_item(item.id, item.parts, status)
+            else:
+                text = "".join(p["text"] for p in item.parts)
+                done = reasoning_item(item.id, text, status)
+        out.append(self._emit("response.output_item.done",
+                              {"output_index": item.index, "item": done}))
+        self._output.append(done)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<ResponsesStream [{state} | {len(self._output)} items, seq {self._seq}]>"
+
+
+def _data_field(event: bytes) -> bytes | None:
+    """The data of a general SSE event (several lines, ``data:`` with or without a space)."""
+    data: list[bytes] = []
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(data) if data else None
