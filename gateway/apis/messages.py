@@ -899,10 +899,12 @@ class MessagesFrontend(Frontend):
                   earlier: list[dict[str, Any]] | None = None) -> Translated:
         return _translate(payload, earlier)
 
-    def answer(self, chat: dict[str, Any], *, model: str, request_id: str) -> dict[str, Any]:
-        return _answer(chat, model, request_id)
+    def answer(self, chat: dict[str, Any], *, model: str, request_id: str,
+               request: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return _answer(chat, model, request_id)  # a Messages answer echoes no request setting
 
-    def stream(self, *, model: str, request_id: str, prompt_tokens: int) -> MessagesStream:
+    def stream(self, *, model: str, request_id: str, prompt_tokens: int,
+               request: Mapping[str, Any] | None = None) -> MessagesStream:
         return MessagesStream(model=model, request_id=request_id, prompt_tokens=prompt_tokens)
 
     def error(self, error: GatewayError) -> tuple[int, bytes]:

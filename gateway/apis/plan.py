@@ -61,6 +61,8 @@ class Upstream:
     request_id: str
     #: the usage shape of what the backend answers
     shape: Shape
+    #: the client's request as sent (answers of some APIs echo its settings)
+    request: dict[str, Any] | None = None
 
     def answer(self, status: int, body: bytes) -> bytes:
         """The client's body for a whole answer of the backend."""
@@ -74,7 +76,8 @@ class Upstream:
             return self.frontend.error(_backend_error(502, b""))[1]
         if not isinstance(chat, dict):
             return self.frontend.error(_backend_error(502, b""))[1]
-        return _encode(self.frontend.answer(chat, model=self.model, request_id=self.request_id))
+        return _encode(self.frontend.answer(chat, model=self.model, request_id=self.request_id,
+                                            request=self.request))
 
 
 def speaks(pool: PoolState, api: str) -> bool:
@@ -99,19 +102,21 @@ def plan_upstream(
         native["model"] = upstream_model
         scanner: Scanner | None = None
         if parsed.stream:
-            stream = frontend.stream(model=parsed.model, request_id=request_id, prompt_tokens=0)
+            stream = frontend.stream(model=parsed.model, request_id=request_id, prompt_tokens=0,
+                                     request=parsed.native)
             scanner = _RenamedNative(frontend.name, renamer, stream.fail)
         return Upstream(frontend, True, frontend.upstream_path, _encode(native), scanner,
-                        renamer, parsed.model, request_id, _SHAPES.get(frontend.name, "openai"))
+                        renamer, parsed.model, request_id, _SHAPES.get(frontend.name, "openai"),
+                        parsed.native)
     chat = dict(parsed.payload)
     chat["model"] = upstream_model
     scanner = None
     if parsed.stream:
         translator = frontend.stream(model=parsed.model, request_id=request_id,
-                                     prompt_tokens=prompt_tokens())
+                                     prompt_tokens=prompt_tokens(), request=parsed.native)
         scanner = TranslatingScanner(StreamScanner(strip_usage=False), translator)
     return Upstream(frontend, False, CHAT_PATH, _encode(chat), scanner, None, parsed.model,
-                    request_id, "openai")
+                    request_id, "openai", parsed.native)
 
 
 class _RenamedNative(NativeStreamScanner):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gateway.apis.messages import MessagesFrontend
+from gateway.apis.responses import ResponsesFrontend
 from gateway.errors import InvalidRequest
 from gateway.http.asgi import send_json
 from gateway.request.parse import ParsedRequest, decode_object
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FRONTENDS", "frontend_for", "parse_translated", "send_api_error"]
 
-FRONTENDS: dict[str, Frontend] = {f.name: f for f in (MessagesFrontend(),)}
+FRONTENDS: dict[str, Frontend] = {f.name: f for f in (MessagesFrontend(), ResponsesFrontend())}
 
 
 def frontend_for(api: str) -> Frontend | None:

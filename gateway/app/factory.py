@@ -22,6 +22,7 @@ from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFou
 
 from gateway.api.admin import admin_gate, admin_handlers, is_admin_path
 from gateway.api.batches import batch_handlers
+from gateway.api.count_tokens import CountTokensHandler
 from gateway.api.files import file_handlers
 from gateway.api.health import Readiness
 from gateway.api.models import ModelsHandler
@@ -191,6 +192,10 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
         handlers.append(asgi(path, name=endpoint.operation, copy_scope=False)(handler))
     handlers += [*file_handlers(current, gateway.batches),
                  *batch_handlers(current, gateway.batches, gateway.batch_runner.poke)]
+    count: ASGIApp = CountTokensHandler(current, gateway.counter)
+    fast_routes["/v1/messages/count_tokens"] = count
+    handlers.append(asgi("/v1/messages/count_tokens", name="count_tokens",
+                         copy_scope=False)(count))
     models: ASGIApp = ModelsHandler(current)
     # a mount, because model ids may hold slashes ("meta-llama/Llama-3.1-8B")
     handlers.append(asgi("/v1/models", name="models", is_mount=True, copy_scope=True)(models))

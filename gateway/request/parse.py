@@ -197,6 +197,7 @@ ENDPOINTS: dict[str, Endpoint] = {
         Endpoint("/v1/completions", "text_completion", "prompt", True, "completions"),
         Endpoint("/v1/embeddings", "embeddings", "input", False, "embeddings"),
         Endpoint("/v1/messages", "chat", "messages", True, "messages"),
+        Endpoint("/v1/responses", "chat", "input", True, "responses"),
     )
 }
 
