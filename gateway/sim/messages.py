@@ -171,9 +171,7 @@ def _read(body: dict[str, Any]) -> MessagesRequest:
             raise BadRequest(
                 f"tools.{i}: the simulator serves client tools only (with an input_schema)"
             )
-    request = MessagesRequest(system, turns, tools)
-    request.chat()  # checks every block once
-    return request
+    return MessagesRequest(system, turns, tools)
 
 
 def _choice(raw: Any) -> tuple[str | None, bool]:
@@ -206,31 +204,30 @@ def _stops(body: dict[str, Any]) -> list[str]:
     return stops
 
 
-def _breakpoints(request: MessagesRequest, model: str) -> tuple[PrefixHasher, list[Any], list[int]]:
-    """Hashes of every block prefix (tools, system, turns), each block's cut, and the indices
-    of the blocks that carry ``cache_control``."""
-    hasher = PrefixHasher(model.encode())
-    cuts: list[Any] = []
-    marks: list[int] = []
+def _blocks_in_order(request: MessagesRequest) -> list[tuple[str, Any, dict[str, Any]]]:
+    """Every block in prompt order, tools first: ``(section, position, block)``."""
+    out: list[tuple[str, Any, dict[str, Any]]] = [
+        ("tools", i, tool) for i, tool in enumerate(request.tools)
+    ]
+    out.extend(("system", i, block) for i, block in enumerate(request.system))
+    for j, (role, blocks) in enumerate(request.turns):
+        out.extend((role, [j, k], block) for k, block in enumerate(blocks))
+    return out
 
-    def add(section: str, where: Any, block: dict[str, Any]) -> None:
-        if block.get("cache_control"):
-            marks.append(len(cuts))
+
+def _digests(elements: list[tuple[str, Any, dict[str, Any]]], model: str, last: int) -> list[bytes]:
+    """The hash of every prefix of the first ``last + 1`` blocks (``cache_control`` left out)."""
+    hasher = PrefixHasher(model.encode())
+    for section, where, block in elements[: last + 1]:
         bare = {k: v for k, v in block.items() if k != "cache_control"}
         hasher.add(_canonical([section, where, bare]))
-        cuts.append((section, where))
-
-    for i, tool in enumerate(request.tools):
-        add("tools", i, tool)
-    for i, block in enumerate(request.system):
-        add("system", i, block)
-    for j, (role, blocks) in enumerate(request.turns):
-        for k, block in enumerate(blocks):
-            add(role, [j, k], block)
-    return hasher, cuts, marks
+    return hasher.digests
 
 
-def _prefix_tokens(request: MessagesRequest, cut: Any, total: int, encoding: str) -> int:
+def _prefix_tokens(
+    request: MessagesRequest, cut: tuple[str, Any], total: int, encoding: str
+) -> int:
+    """Tokens of the prompt up to and including the block at ``cut``, without reply priming."""
     section, where = cut
     if section == "tools":
         return 0
@@ -245,14 +242,21 @@ def _cache(
     request: MessagesRequest, model: str, total: int, encoding: str, cache: PromptCache
 ) -> tuple[int, int]:
     """(tokens read from the prompt cache, tokens written to it) for this request."""
-    hasher, cuts, marks = _breakpoints(request, model)
+    elements = _blocks_in_order(request)
+    marks = [i for i, (_, _, block) in enumerate(elements) if block.get("cache_control")]
     if not marks:
         return 0, 0
     last = marks[-1]
-    hit = cache.longest(hasher.digests, last)
-    read = _prefix_tokens(request, cuts[hit], total, encoding) if hit >= 0 else 0
-    written = _prefix_tokens(request, cuts[last], total, encoding) if last > hit else read
-    cache.write(hasher.digests[m] for m in marks)
+    digests = _digests(elements, model, last)
+    hit = cache.longest(digests, last)
+
+    def tokens(i: int) -> int:
+        section, where, _ = elements[i]
+        return _prefix_tokens(request, (section, where), total, encoding)
+
+    read = tokens(hit) if hit >= 0 else 0
+    written = tokens(last) if last > hit else read
+    cache.write(digests[m] for m in marks)
     return read, max(0, written - read)
 
 

@@ -172,11 +172,13 @@ def test_call_cut_by_max_tokens(client: openai.OpenAI) -> None:
     assert r.usage is not None and r.usage.completion_tokens == name_tokens + 4
 
 
-def test_no_limit_ends_naturally(client: openai.OpenAI) -> None:
+def test_no_limit_ends_naturally(server: SimServer) -> None:
     """Without max_tokens a text answer is the default length and ends with 'stop'."""
-    r = client.chat.completions.create(model="m", messages=MESSAGES)
-    assert r.choices[0].finish_reason == "stop"
+    raw = httpx.post(server.url + "/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    r = ChatCompletion.model_validate(raw.json())
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.tool_calls is None
     assert r.usage is not None and r.usage.completion_tokens == 64
+    assert count_text(r.choices[0].message.content or "") == 64
 
 
 @pytest.mark.parametrize(
