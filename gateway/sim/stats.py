@@ -94,8 +94,9 @@ APIS = ("chat", "completions", "responses", "messages", "embeddings")
 class ApiCounters:
     """Requests and the usage answered on one API (what its answers' ``usage`` reported).
 
-    ``requests`` counts every request the API parsed; ``answered`` those that got a whole answer
-    with usage (a stream cut short or refused is not answered). The token sums are over answered
+    ``requests`` counts every request that reached the API (a valid JSON object past fault
+    injection); ``answered`` those that got a whole answer with usage (a refused request or a
+    stream cut short is not answered). The token sums are over answered
     requests: ``prompt_tokens`` includes the cache read and write parts.
     """
 
