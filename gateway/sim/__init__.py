@@ -1,10 +1,16 @@
-"""A simulated continuous-batching inference engine behind an OpenAI-compatible API.
+"""A simulated continuous-batching inference engine behind the APIs clients speak.
 
-Used by the demo, the tests and the benchmarks in place of GPU replicas. The engine model and its
-calibration are in SIMULATOR.md. Knows nothing of the gateway except ``gateway.tokenizers``.
+Used by the demo, the tests and the benchmarks in place of GPU replicas: OpenAI's chat and text
+completions, embeddings and Responses API, and Anthropic's Messages API, each served natively
+(with tool calls and Anthropic's prompt cache) so the gateway's pass-through meets a real
+backend. The engine model and its calibration are in SIMULATOR.md. Knows nothing of the gateway
+except ``gateway.tokenizers`` (in particular nothing of its front-ends, ``gateway.apis``).
 
-Layout: ``profiles`` (cost constants) -> ``engine`` (step loop) -> ``text`` / ``shapes`` /
-``completions`` / ``embeddings`` (what is answered) -> ``app`` (ASGI) -> ``server`` / ``cli``.
+Layout: ``profiles`` (cost constants) -> ``engine`` (step loop) -> ``text`` / ``tools`` /
+``prompt`` / ``cache`` (what an answer holds and costs) -> ``answer`` (the plan and the renderer
+interface) -> ``completions`` / ``responses`` / ``messages`` / ``embeddings`` (each API's
+parsing and shapes, with ``shapes``) -> ``respond`` (one loop, whole or streamed) -> ``app``
+(ASGI) -> ``server`` / ``cli``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the simulator's flags to ``parser``."""
     parser.description = parser.description or (
         "Serve a simulated continuous-batching inference engine (vLLM-like) behind an "
-        "OpenAI-compatible API, with vLLM metrics and fault injection."
+        "OpenAI-compatible API (chat, completions, embeddings, Responses) and Anthropic's "
+        "Messages API, with vLLM metrics and fault injection."
     )
     srv = parser.add_argument_group("server")
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
@@ -48,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tiktoken encoding for prompt token counts (default o200k_base)",
     )
     srv.add_argument("--seed", type=int, help="seed of step jitter and error-rate draws")
+    srv.add_argument(
+        "--prompt-cache-entries",
+        type=int,
+        metavar="N",
+        help="prompt prefixes the Messages API's cache_control cache keeps (default 256)",
+    )
 
     eng = parser.add_argument_group("engine (override the profile)")
     eng.add_argument(
@@ -118,6 +125,7 @@ _SETTINGS = (
     "default_max_tokens",
     "encoding",
     "seed",
+    "prompt_cache_entries",
     "speedup",
     "jitter",
     "max_running",

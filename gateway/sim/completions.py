@@ -1,63 +1,35 @@
-"""Chat and text completions: parse the request, run it through the engine, answer.
+"""Chat and text completions: parse the request into a plan, and render its answer.
 
-Parsing decides everything up front (prompt tokens, the exact words, finish reason), so the engine
-only counts tokens and the response loop only slices the word list. A streaming response sends its
-headers once the request is accepted, then one SSE event per token as the engine emits them.
+Parsing decides everything up front (prompt tokens, the exact words or the tool call, the finish
+reason), so the engine only counts tokens and the renderer only slices the plan. A chat request
+that offers function tools is answered with a tool call by the rule of ``tools.py`` (unless its
+``tool_choice`` is "none" or its last message is a ``tool`` result).
 """
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from gateway.sim.asgi import SSE_HEADERS, abort_connection, send_bytes
-from gateway.sim.engine import EngineError, QueueFullError, RequestState, RequestTooLargeError
-from gateway.sim.errors import BadRequest, Overloaded, SimHTTPError
-from gateway.sim.shapes import DONE, ChunkFormat, completion_body, usage
-from gateway.sim.text import generate_words, request_seed
-from gateway.tokenizers import count_chat_prompt, count_text
+from gateway.sim.answer import Renderer, decide
+from gateway.sim.errors import BadRequest
+from gateway.sim.prompt import count_prompt, prompt_key
+from gateway.sim.shapes import DONE, ChunkFormat, completion_body, new_id, tool_call, usage
+from gateway.sim.tools import ToolSpec, pick_tool
+from gateway.tokenizers import count_text
 
 if TYPE_CHECKING:
-    from gateway.sim.asgi import Send
+    from gateway.sim.answer import Plan
     from gateway.sim.config import SimConfig
-    from gateway.sim.engine import Engine, SimRequest
-    from gateway.sim.faults import FaultConfig
+    from gateway.sim.errors import SimHTTPError
 
-__all__ = ["Call", "Completion", "parse_completion", "respond"]
+__all__ = ["CompletionRenderer", "parse_completion"]
 
 _encode = msgspec.json.Encoder().encode
 
 
-@dataclass(slots=True)
-class Completion:
-    """What one chat or text completion will produce, decided before it runs."""
-
-    chat: bool
-    model: str
-    prompt_tokens: int
-    words: list[str]
-    finish_reason: str
-    stream: bool
-    include_usage: bool
-
-
-@dataclass(slots=True)
-class Call:
-    """Per-request mutable state shared with the disconnect watcher."""
-
-    disconnected: bool = False
-    request: SimRequest | None = None
-
-    def on_disconnect(self) -> None:
-        self.disconnected = True
-        if self.request is not None:
-            self.request.cancel()
-
-
-def _max_tokens(body: dict[str, Any], default: int) -> int:
+def _max_tokens(body: dict[str, Any]) -> int | None:
     for key in ("max_completion_tokens", "max_tokens"):
         value = body.get(key)
         if value is None:
@@ -65,7 +37,7 @@ def _max_tokens(body: dict[str, Any], default: int) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise BadRequest(f"{key} must be a positive integer", param=key)
         return value
-    return default
+    return None
 
 
 def _stop(body: dict[str, Any]) -> list[str]:
@@ -79,13 +51,13 @@ def _stop(body: dict[str, Any]) -> list[str]:
     raise BadRequest("stop must be a string or a list of strings", param="stop")
 
 
-def _prompt_tokens(body: dict[str, Any], chat: bool, encoding: str) -> tuple[int, bytes]:
+def _prompt(body: dict[str, Any], chat: bool, encoding: str) -> tuple[int, bytes]:
     """Prompt token count and the bytes that seed the generated text."""
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise BadRequest("messages must be a list of message objects", param="messages")
-        return count_chat_prompt(messages, encoding), _encode(messages)
+        return count_prompt(messages, encoding), prompt_key(messages)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return count_text(prompt, encoding), prompt.encode()
@@ -99,139 +71,155 @@ def _prompt_tokens(body: dict[str, Any], chat: bool, encoding: str) -> tuple[int
     raise BadRequest("prompt must be a string, a list of strings or token arrays", param="prompt")
 
 
-def parse_completion(body: dict[str, Any], *, chat: bool, model: str, cfg: SimConfig) -> Completion:
-    """Validate a request body and decide its output."""
-    prompt_tokens, key = _prompt_tokens(body, chat, cfg.encoding)
+def _tools(body: dict[str, Any]) -> list[ToolSpec]:
+    """The function tools a chat request offers (other tool types are never called)."""
+    tools = body.get("tools")
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise BadRequest("tools must be a list of tool objects", param="tools")
+    specs: list[ToolSpec] = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise BadRequest(f"tools[{i}] must be an object", param=f"tools[{i}]")
+        if tool.get("type", "function") != "function":
+            continue
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise BadRequest(
+                f"tools[{i}].function.name must be a non-empty string",
+                param=f"tools[{i}].function.name",
+            )
+        assert isinstance(function, dict)
+        parameters = function.get("parameters")
+        parameters = {} if parameters is None else parameters
+        if not isinstance(parameters, dict):
+            raise BadRequest(
+                f"tools[{i}].function.parameters must be an object",
+                param=f"tools[{i}].function.parameters",
+            )
+        specs.append(ToolSpec(name, parameters))
+    return specs
+
+
+def _choice(body: dict[str, Any]) -> tuple[str | None, bool]:
+    """(the tool ``tool_choice`` forces, whether it is "none")."""
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("auto", "required"):
+        return None, False
+    if choice == "none":
+        return None, True
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if choice.get("type") == "function" and isinstance(name, str):
+            return name, False
+        if choice.get("type") == "allowed_tools":
+            return None, False
+    raise BadRequest(
+        "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', "
+        "'function': {'name': ...}}",
+        param="tool_choice",
+    )
+
+
+def parse_completion(
+    body: dict[str, Any], *, chat: bool, model: str, cfg: SimConfig
+) -> tuple[Plan, CompletionRenderer]:
+    """Validate a chat or text completion request and decide its answer."""
+    prompt_tokens, key = _prompt(body, chat, cfg.encoding)
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise BadRequest("seed must be an integer", param="seed")
-    n = _max_tokens(body, cfg.default_max_tokens)
-    words, finish = generate_words(request_seed(key, seed), n, _stop(body))
-    options = body.get("stream_options")
-    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    return Completion(
-        chat=chat,
+    tool = None
+    if chat:
+        messages = body["messages"]
+        forced, none = _choice(body)
+        last_role = messages[-1].get("role") if messages else None
+        tool = pick_tool(
+            _tools(body),
+            forced,
+            none=none,
+            after_result=last_role in ("tool", "function"),
+            param="tool_choice",
+        )
+    plan = decide(
+        api="chat" if chat else "completions",
         model=model,
         prompt_tokens=prompt_tokens,
-        words=words,
-        finish_reason=finish,
+        key=key,
+        seed=seed,
+        limit=_max_tokens(body),
+        default_limit=cfg.default_max_tokens,
+        stops=_stop(body),
+        tool=tool,
+        call_id=new_id("call", "_"),
+        encoding=cfg.encoding,
         stream=bool(body.get("stream")),
-        include_usage=include_usage,
     )
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    return plan, CompletionRenderer(plan, chat=chat, include_usage=include_usage)
 
 
-def _submit(engine: Engine, c: Completion) -> SimRequest:
-    try:
-        return engine.submit(c.prompt_tokens, len(c.words))
-    except QueueFullError as exc:
-        raise Overloaded(str(exc)) from exc
-    except RequestTooLargeError as exc:
-        raise BadRequest(str(exc), param="max_tokens") from exc
-    except EngineError as exc:
-        raise Overloaded(str(exc)) from exc
+class CompletionRenderer(Renderer):
+    """A chat completion or a text completion, whole or as OpenAI's SSE chunks."""
 
+    __slots__ = ("chat", "fmt", "include_usage", "plan")
 
-async def respond(
-    send: Send, engine: Engine, c: Completion, faults: FaultConfig, call: Call
-) -> None:
-    """Answer a parsed completion; raises :class:`SimHTTPError` only before headers are sent."""
-    if c.stream:
-        await _stream(send, engine, c, faults, call)
-    else:
-        await _whole(send, engine, c, faults, call)
+    def __init__(self, plan: Plan, *, chat: bool, include_usage: bool) -> None:
+        self.plan = plan
+        self.chat = chat
+        self.include_usage = include_usage
+        self.fmt = ChunkFormat(chat=chat, model=plan.model) if plan.stream else None
 
+    def _usage(self, generated: int) -> dict[str, Any]:
+        return usage(self.plan.prompt_tokens, generated, self.plan.cached_tokens)
 
-async def _whole(
-    send: Send, engine: Engine, c: Completion, faults: FaultConfig, call: Call
-) -> None:
-    if faults.stall_ms > 0:
-        await asyncio.sleep(faults.stall_ms / 1000)
-    if call.disconnected:
-        return
-    req = call.request = _submit(engine, c)
-    await req.wait(len(c.words))
-    if req.state is not RequestState.FINISHED:
-        if not call.disconnected:  # the engine shut down under us
-            raise Overloaded("engine stopped before the request finished")
-        return
-    text = "".join(c.words[: req.generated])
-    u = usage(c.prompt_tokens, req.generated)
-    body = completion_body(
-        chat=c.chat, model=c.model, text=text, finish_reason=c.finish_reason, usage_=u
-    )
-    await send_bytes(send, 200, body)
+    def body(self, generated: int) -> bytes:
+        p = self.plan
+        calls = None
+        if p.call is not None:
+            calls = [tool_call(p.call.call_id, p.call.name, p.call.sent_arguments)]
+        return completion_body(
+            chat=self.chat,
+            model=p.model,
+            text="".join(p.words[:generated]),
+            finish_reason=p.finish,
+            usage_=self._usage(generated),
+            tool_calls=calls,
+        )
 
-
-async def _stream(
-    send: Send, engine: Engine, c: Completion, faults: FaultConfig, call: Call
-) -> None:
-    if engine.num_waiting >= engine.profile.queue_limit:
-        raise Overloaded(f"waiting queue full ({engine.profile.queue_limit} requests)")
-    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-    fmt = ChunkFormat(chat=c.chat, model=c.model)
-    limit = faults.disconnect_after
-    if faults.stall_ms > 0:
-        await asyncio.sleep(faults.stall_ms / 1000)
-    if limit == 0:
-        await _abort(send, call)
-        return
-    if call.disconnected:
-        return
-    try:
-        req = call.request = _submit(engine, c)
-    except SimHTTPError as exc:  # headers are out: report in-stream, as vLLM does
-        await _send(send, fmt.error(exc.message, exc.type, exc.code) + DONE, more=False)
-        return
-    seen = 0
-    words = c.words
-    token = fmt.token
-    while True:
-        n = await req.wait(seen)
-        if req.state is RequestState.CANCELLED:
-            if not call.disconnected:  # the engine shut down: end the stream cleanly
-                err = fmt.error("engine stopped", "server_error", "engine_stopped")
-                await _send(send, err + DONE, more=False)
-            return
-        if n > seen:
-            if limit is not None and n >= limit:
-                await _send(send, _events(fmt, words, seen, limit), more=True)
-                await _abort(send, call)
-                return
+    def tokens(self, start: int, end: int) -> bytes:
+        fmt = self.fmt
+        assert fmt is not None
+        call = self.plan.call
+        if call is None:
+            words = self.plan.words
             # Hot path: one token per wake-up unless this consumer fell behind.
-            body = token(words[seen]) if n == seen + 1 and seen else _events(fmt, words, seen, n)
-            await send({"type": "http.response.body", "body": body, "more_body": True})
-            seen = n
-        if req.done:
-            break
-    tail = fmt.finish(c.finish_reason)
-    if c.include_usage:
-        tail += fmt.usage(usage(c.prompt_tokens, req.generated))
-    await _send(send, tail + DONE, more=False)
+            if end == start + 1 and start:
+                return fmt.token(words[start])
+            events = [fmt.token(w) for w in words[start:end]]
+            if start == 0:
+                events.insert(0, fmt.role())
+            return b"".join(events)
+        # A tool call: its first event once the name's tokens are out, then one per fragment.
+        named = call.name_tokens
+        out = [fmt.tool_head(call.call_id, call.name)] if start < named <= end else []
+        pieces = call.pieces[max(start - named, 0) : max(end - named, 0)]
+        out.extend(fmt.tool_arguments(piece) for piece in pieces)
+        return b"".join(out)
 
+    def closing(self, generated: int) -> bytes:
+        fmt = self.fmt
+        assert fmt is not None
+        tail = fmt.finish(self.plan.finish)
+        if self.include_usage:
+            tail += fmt.usage(self._usage(generated))
+        return tail + DONE
 
-def _events(fmt: ChunkFormat, words: list[str], start: int, end: int) -> bytes:
-    """Events for tokens ``start..end``; the role event leads the first token's."""
-    events = [fmt.token(w) for w in words[start:end]]
-    if start == 0:
-        events.insert(0, fmt.role())
-    return b"".join(events)
-
-
-async def _send(send: Send, body: bytes, *, more: bool) -> None:
-    await send({"type": "http.response.body", "body": body, "more_body": more})
-
-
-async def _abort(send: Send, call: Call) -> None:
-    """Break the connection without ending the chunked body, then wait for the server to notice.
-
-    Waiting lets uvicorn mark the request disconnected before the app returns, so it does not log
-    "returned without completing response".
-    """
-    if call.request is not None:
-        call.request.cancel()
-    if not abort_connection(send):
-        raise ConnectionAbortedError("simulated disconnect")  # server without a transport
-    for _ in range(100):
-        if call.disconnected:
-            return
-        await asyncio.sleep(0.001)
+    def failure(self, error: SimHTTPError) -> bytes:
+        fmt = self.fmt
+        assert fmt is not None
+        return fmt.error(error.message, error.type, error.code) + DONE

@@ -32,6 +32,8 @@ class SimConfig:
     #: tiktoken encoding for prompt counts.
     encoding: str = "o200k_base"
     embedding_dim: int = 256
+    #: Prefixes the Messages API's prompt cache remembers (``cache_control`` breakpoints).
+    prompt_cache_entries: int = 256
     faults: FaultConfig = field(default_factory=FaultConfig)
 
 

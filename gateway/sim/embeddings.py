@@ -18,7 +18,7 @@ import msgspec
 from gateway.sim.errors import BadRequest
 from gateway.tokenizers import count_text
 
-__all__ = ["embedding_body", "embedding_vector"]
+__all__ = ["embedding_answer", "embedding_body", "embedding_vector"]
 
 _encode = msgspec.json.Encoder().encode
 _MAX_DIM = 8192
@@ -52,6 +52,13 @@ def _inputs(raw: Any, encoding: str) -> list[tuple[bytes, int]]:
 
 def embedding_body(body: dict[str, Any], *, model: str, default_dim: int, encoding: str) -> bytes:
     """The JSON answer to ``POST /v1/embeddings``; raises :class:`BadRequest` on bad input."""
+    return embedding_answer(body, model=model, default_dim=default_dim, encoding=encoding)[0]
+
+
+def embedding_answer(
+    body: dict[str, Any], *, model: str, default_dim: int, encoding: str
+) -> tuple[bytes, int]:
+    """:func:`embedding_body` and the prompt tokens it reports."""
     dim = body.get("dimensions")
     if dim is None:
         dim = default_dim
@@ -69,11 +76,10 @@ def embedding_body(body: dict[str, Any], *, model: str, default_dim: int, encodi
         if fmt == "base64":
             emb = base64.b64encode(struct.pack(f"<{dim}f", *vec)).decode()
         data.append({"object": "embedding", "index": i, "embedding": emb})
-    return _encode(
-        {
-            "object": "list",
-            "data": data,
-            "model": model,
-            "usage": {"prompt_tokens": total, "total_tokens": total},
-        }
-    )
+    answer = {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": total, "total_tokens": total},
+    }
+    return _encode(answer), total

@@ -140,8 +140,8 @@ class SimServer:
         return asyncio.run_coroutine_threadsafe(invoke(), loop).result(timeout)
 
     def stats(self) -> dict[str, Any]:
-        """The engine's snapshot, taken on its own loop (safe from any thread)."""
-        return dict(self.call(self.engine.snapshot))
+        """The ``/sim/stats`` snapshot, taken on the server's loop (safe from any thread)."""
+        return dict(self.call(self.app.snapshot))
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel the engine's requests, shut uvicorn down and join the thread; idempotent."""

@@ -11,10 +11,12 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 __all__ = [
+    "APIS",
     "E2E_BUCKETS",
     "ITL_BUCKETS",
     "QUEUE_BUCKETS",
     "TTFT_BUCKETS",
+    "ApiCounters",
     "EngineStats",
     "Histogram",
 ]
@@ -82,3 +84,33 @@ class EngineStats:
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
     queue_time: Histogram = field(default_factory=lambda: Histogram(QUEUE_BUCKETS))
+
+
+#: The APIs ``/sim/stats`` counts, in the order it lists them.
+APIS = ("chat", "completions", "responses", "messages", "embeddings")
+
+
+@dataclass(slots=True)
+class ApiCounters:
+    """Requests and the usage answered on one API (what its answers' ``usage`` reported).
+
+    ``requests`` counts every request that reached the API (a valid JSON object past fault
+    injection); ``answered`` those that got a whole answer with usage (a refused request or a
+    stream cut short is not answered). The token sums are over answered
+    requests: ``prompt_tokens`` includes the cache read and write parts.
+    """
+
+    requests: int = 0
+    answered: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    def add(self, prompt: int, output: int, cache_read: int = 0, cache_write: int = 0) -> None:
+        """Count one answered request and its usage."""
+        self.answered += 1
+        self.prompt_tokens += prompt
+        self.output_tokens += output
+        self.cache_read_tokens += cache_read
+        self.cache_write_tokens += cache_write

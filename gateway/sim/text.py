@@ -18,7 +18,7 @@ from gateway.tokenizers import get_encoding
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["ENCODINGS", "generate_words", "request_seed", "vocabulary"]
+__all__ = ["ENCODINGS", "generate", "generate_words", "request_seed", "vocabulary"]
 
 #: Encodings in which every vocabulary word must be exactly one token.
 ENCODINGS = ("o200k_base", "cl100k_base")
@@ -71,18 +71,27 @@ def generate_words(seed: int, n: int, stop: Sequence[str] = ()) -> tuple[list[st
     A stop string ends the output before the first word in which a match begins, so the text
     never contains it and the token count stays exact (OpenAI cuts mid-token; we cut at a word).
     """
+    words, matched = generate(seed, n, stop)
+    return words, "length" if matched is None else "stop"
+
+
+def generate(seed: int, n: int, stop: Sequence[str] = ()) -> tuple[list[str], str | None]:
+    """:func:`generate_words`, naming the stop string that ended the output (``None``: none did).
+
+    When several match, the one whose match begins first wins (the first listed on a tie).
+    """
     words = random.Random(seed).choices(vocabulary(), k=n) if n > 0 else []
     stops = [s for s in stop if s]
     if not stops or not words:
-        return words, "length"
+        return words, None
     text = "".join(words)
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    hits = [(i, s) for s in stops if (i := text.find(s)) >= 0]
     if not hits:
-        return words, "length"
-    cut = min(hits)
+        return words, None
+    cut, matched = min(hits, key=lambda hit: hit[0])
     end = 0
     for i, word in enumerate(words):
         end += len(word)
         if end > cut:
-            return words[:i], "stop"
-    return words, "stop"  # pragma: no cover - cut < len(text) always ends inside a word
+            return words[:i], matched
+    return words, matched  # pragma: no cover - cut < len(text) always ends inside a word
