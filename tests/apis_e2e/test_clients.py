@@ -22,18 +22,25 @@ from tests.helpers import TEST_KEY, GatewayProcess, policy
 ADMIN = "admin-apis-e2e"
 
 
-@pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+@pytest.fixture(scope="module", params=["translated", "passthrough"])
+def gw(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+       ) -> Iterator[GatewayProcess]:
+    """A gateway in front of the simulator: as a chat-only backend (the front-ends translate),
+    or declared as speaking Responses and Messages too (requests pass through unchanged)."""
     tmp = tmp_path_factory.mktemp("apis")
     os.environ["GATEWAY_ADMIN_TOKEN"] = ADMIN
     try:
         with SimServer("interactive", speedup=20, jitter=0.0) as sim:
             data = policy({"chat": [sim.url]})
+            if request.param == "passthrough":
+                data["pools"][0]["backends"][0]["api"] = ["responses", "messages"]
             data["auth"]["keys"][0]["tenant"] = "acme"
             data["plans"] = [{"name": "p", "limits": {"rpm": 10_000}}]
             data["tenants"] = [{"name": "acme", "plan": "p"}]
             data["prices"] = {"models": {"chat-model": {"input": "1", "output": "2"}}}
             with GatewayProcess(tmp, data) as gateway:
+                gateway.sim = sim  # type: ignore[attr-defined]
+                gateway.mode = request.param  # type: ignore[attr-defined]
                 yield gateway
     finally:
         os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
@@ -130,3 +137,86 @@ def test_openai_responses_plain_and_streamed(gw: GatewayProcess) -> None:
     one, two = records(gw, 2)
     assert one["output"] == 7 and two["output"] == 4
     assert one["system"] > 0  # the instructions are the system part
+
+
+WEATHER = {"name": "get_weather", "description": "The weather in a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                          "required": ["city"]}}
+
+
+def test_anthropic_tool_use_round_trip(gw: GatewayProcess) -> None:
+    client = anthropic.Anthropic(base_url=gw.url, api_key=TEST_KEY, max_retries=0)
+    tools = [{"name": WEATHER["name"], "description": WEATHER["description"],
+              "input_schema": WEATHER["parameters"]}]
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    first = client.messages.create(model="chat-model", max_tokens=64, tools=tools,  # type: ignore[arg-type]
+                                   messages=ask)  # type: ignore[arg-type]
+    assert first.stop_reason == "tool_use"
+    (call,) = [b for b in first.content if b.type == "tool_use"]
+    assert call.name == "get_weather" and call.input == {"city": "sim"}
+    turns = [*ask, {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                           "content": "Sunny, 21C"}]}]
+    with client.messages.stream(model="chat-model", max_tokens=6, tools=tools,  # type: ignore[arg-type]
+                                messages=turns) as stream:  # type: ignore[arg-type]
+        final = stream.get_final_message()
+    assert final.content[0].type == "text" and final.usage.output_tokens == 6
+    _, second = records(gw, 2)
+    assert second["history"] > 0 and second["tools"] > 0
+
+
+def test_openai_responses_function_call_round_trip_and_stream_helper(gw: GatewayProcess) -> None:
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=TEST_KEY, max_retries=0)
+    tools = [{"type": "function", **WEATHER}]
+    first = client.responses.create(model="chat-model", input="Weather in Paris?",
+                                    tools=tools)  # type: ignore[arg-type]
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "sim"}
+    follow = [{"role": "user", "content": "Weather in Paris?"},
+              {"type": "function_call", "call_id": call.call_id, "name": call.name,
+               "arguments": call.arguments},
+              {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}]
+    with client.responses.stream(model="chat-model", input=follow,  # type: ignore[arg-type]
+                                 tools=tools) as stream:  # type: ignore[arg-type]
+        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert final.status == "completed" and final.output_text == text and text
+    assert final.usage is not None and final.usage.output_tokens > 0
+    _, second = records(gw, 2)
+    assert second["history"] > 0 and second["output"] == final.usage.output_tokens
+
+
+def test_openai_agents_sdk_runs_a_tool_agent_to_completion(gw: GatewayProcess) -> None:
+    """The openai-agents SDK's default model (Responses) through the gateway: the agent calls
+    its function tool, gets the result, and answers."""
+    import asyncio
+
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    calls: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        calls.append(city)
+        return f"Sunny in {city}"
+
+    model = OpenAIResponsesModel(model="chat-model", openai_client=openai.AsyncOpenAI(
+        base_url=gw.url + "/v1", api_key=TEST_KEY, max_retries=0))
+    agent = Agent(name="weather", instructions="Use the tool.", tools=[get_weather],
+                  model=model)
+    result = asyncio.run(Runner.run(agent, "Weather in Paris?"))
+    assert calls == ["sim"]
+    assert isinstance(result.final_output, str) and result.final_output
+
+
+def test_the_backend_saw_its_own_api_or_chat(gw: GatewayProcess) -> None:
+    """Passed through, the simulator served /v1/messages and /v1/responses itself; translated,
+    it saw chat completions only (run after the tests above, on the same gateway)."""
+    apis = httpx.get(gw.sim.url + "/sim/stats").json()["apis"]  # type: ignore[attr-defined]
+    native = sum(apis.get(name, {}).get("requests", 0) for name in ("messages", "responses"))
+    if gw.mode == "passthrough":  # type: ignore[attr-defined]
+        assert native > 0
+    else:
+        assert native == 0 and apis["chat"]["requests"] > 0
