@@ -8,7 +8,6 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
