@@ -56,6 +56,8 @@ OPERATIONS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "text_completion",
     "/v1/embeddings": "embeddings",
+    "/v1/responses": "chat",
+    "/v1/messages": "chat",
 }
 
 _log = logging.getLogger("gateway.telemetry")
