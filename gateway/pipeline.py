@@ -109,16 +109,18 @@ class Services:
 class Inbound:
     """One request as the pipeline takes it.
 
-    ``read_body(limit)`` reads the body (after authentication: an unauthenticated client
-    never makes the gateway read it); ``on_body_read`` lets the edge start watching for a
-    client that leaves; ``client_gone`` tells a cancellation by that watch from a shutdown.
-    A batch line sets ``identity``, ``request_class``, ``request_id`` and ``batch_id``.
-    A plain slotted class, not a frozen dataclass: one is built per request, and a frozen
-    dataclass's ``__init__`` costs several times as much.
+    The pipeline calls three methods: :meth:`read_body` reads the body (after authentication:
+    an unauthenticated client never makes the gateway read it), :meth:`on_body_read` lets the
+    edge start watching for a client that leaves, and :meth:`client_gone` tells a cancellation
+    by that watch from a shutdown. Built with callables for them (a batch line, a test); the
+    HTTP edge subclasses it and overrides the three methods instead, so a live request builds
+    no closures. A batch line sets ``identity``, ``request_class``, ``request_id`` and
+    ``batch_id``. A plain slotted class, not a frozen dataclass: one is built per request, and a
+    frozen dataclass's ``__init__`` costs several times as much.
     """
 
-    __slots__ = ("batch_id", "client_gone", "endpoint", "headers", "identity", "method",
-                 "on_body_read", "read_body", "request_class", "request_id")
+    __slots__ = ("_client_gone", "_on_body_read", "_read_body", "batch_id", "endpoint",
+                 "headers", "identity", "method", "request_class", "request_id")
 
     def __init__(
         self,
@@ -135,9 +137,23 @@ class Inbound:
         batch_id: str | None = None,
     ) -> None:
         self.method, self.endpoint, self.headers = method, endpoint, headers
-        self.read_body, self.on_body_read, self.client_gone = read_body, on_body_read, client_gone
+        self._read_body, self._on_body_read = read_body, on_body_read
+        self._client_gone = client_gone
         self.identity, self.request_class = identity, request_class
         self.request_id, self.batch_id = request_id, batch_id
+
+    def read_body(self, limit: int) -> Awaitable[bytes]:
+        """The body, at most ``limit`` bytes (a larger one is the edge's 413)."""
+        return self._read_body(limit)
+
+    def on_body_read(self, ctx: RequestContext) -> None:
+        """The body is read and parsed: the request now runs until it is answered."""
+        if self._on_body_read is not None:
+            self._on_body_read(ctx)
+
+    def client_gone(self) -> bool:
+        """Whether the client left (the cause of a cancellation, if one came)."""
+        return self._client_gone is not None and self._client_gone()
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +196,7 @@ class Pipeline:
                 parsed = parse_request(body, inbound.endpoint)
             else:  # Responses, Messages: checked in their shape, carried as chat
                 parsed, _ = parse_translated(body, frontend)
-            if inbound.on_body_read is not None:
-                inbound.on_body_read(ctx)
+            inbound.on_body_read(ctx)
             model = _model(runtime, parsed)
             ctx.request_model, ctx.stream = parsed.model, parsed.stream
             ctx.request_class = _classify(runtime, inbound, identity, ctx, parsed)
@@ -196,7 +211,7 @@ class Pipeline:
         except ClientGone:
             ctx.outcome = "cancelled"
         except asyncio.CancelledError:
-            if inbound.client_gone is None or not inbound.client_gone():
+            if not inbound.client_gone():
                 raise  # server shutdown past the drain timeout: let it cancel
             ctx.outcome = "cancelled"
         except Exception:  # a bug: answer a plain 500, never a traceback to the client

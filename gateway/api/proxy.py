@@ -16,6 +16,8 @@ from gateway.pipeline import Inbound
 from gateway.timers.deadlines import wheel
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from gateway.context import RequestContext
     from gateway.pipeline import Pipeline
     from gateway.request.parse import Endpoint
@@ -29,46 +31,65 @@ __all__ = ["ProxyHandler"]
 WATCH_AFTER_S = 0.02
 
 
-class _Watch:
-    """Cancels the request's task when the client disconnects, until :meth:`stop`.
+class _ClientRequest(Inbound):
+    """A client's request as the pipeline takes it, and the watch that cancels the request's
+    task when the client disconnects (from :meth:`on_body_read` until :meth:`stop`).
 
-    Attached lazily (after :data:`WATCH_AFTER_S`): it needs a task of its own on ``receive()``.
+    One object per request, built with positional arguments and holding everything the edge
+    needs: the pipeline calls its methods, so a request makes no closures and no wrapper
+    coroutine for its body. It sets the :class:`Inbound` fields itself and overrides all three
+    methods, so the callables :class:`Inbound` keeps for batch lines are never set or read.
+    The watch is attached lazily (after :data:`WATCH_AFTER_S`): it needs a task of its own on
+    ``receive()``.
     """
 
-    __slots__ = ("_ctx", "_future", "_receive", "_task", "_timer", "_wheel", "active",
-                 "client_gone")
+    __slots__ = ("_ctx", "_future", "_receive", "_scope", "_task", "_timer", "_watching",
+                 "_wheel", "gone")
 
-    def __init__(
-        self, receive: Receive, loop: asyncio.AbstractEventLoop, ctx: RequestContext
-    ) -> None:
-        self._ctx = ctx
+    def __init__(self, scope: Scope, receive: Receive, endpoint: Endpoint) -> None:
+        self.method, self.endpoint, self.headers = scope["method"], endpoint, scope["headers"]
+        self.identity = self.request_class = self.request_id = self.batch_id = None
+        self._scope, self._receive = scope, receive
+        self._watching = self.gone = False
+        self._timer: int | None = None
+        self._future: asyncio.Task[Message] | None = None
+
+    def read_body(self, limit: int) -> Awaitable[bytes]:
+        return read_body(self._scope, self._receive, limit)
+
+    def on_body_read(self, ctx: RequestContext) -> None:
+        """Start watching: the request now runs until it is answered."""
+        loop = asyncio.get_running_loop()
         task = asyncio.current_task(loop)
         assert task is not None
-        self._task = task
-        self._receive = receive
-        self.active = True
-        self.client_gone = False
-        self._future: asyncio.Task[Message] | None = None
+        self._task, self._ctx = task, ctx
+        self._watching = True
         self._wheel = wheel(loop)
-        self._timer = self._wheel.add(WATCH_AFTER_S, lambda: self._attach(loop))
+        self._timer = self._wheel.add(WATCH_AFTER_S, self._attach)
 
-    def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self.active:
-            self._future = loop.create_task(self._receive())  # type: ignore[arg-type]
+    def client_gone(self) -> bool:
+        return self.gone
+
+    def _attach(self) -> None:
+        if self._watching:
+            self._future = self._task.get_loop().create_task(
+                self._receive())  # type: ignore[arg-type]
             self._future.add_done_callback(self._on_message)
 
     def _on_message(self, future: asyncio.Future[Message]) -> None:
-        if not self.active or future.cancelled() or future.exception() is not None:
+        if not self._watching or future.cancelled() or future.exception() is not None:
             return
         if self._ctx.finished_ns is not None:  # the response is complete: nothing to cancel
             return
         if future.result().get("type") == "http.disconnect":
-            self.client_gone = True
+            self.gone = True
             self._task.cancel()
 
     def stop(self) -> None:
-        self.active = False
-        self._wheel.cancel(self._timer)
+        """The request is over: stop watching."""
+        self._watching = False
+        if self._timer is not None:
+            self._wheel.cancel(self._timer)
         if self._future is not None:
             self._future.cancel()
 
@@ -81,22 +102,8 @@ class ProxyHandler:
         self.endpoint = endpoint
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watch: _Watch | None = None
-
-        async def body(limit: int) -> bytes:
-            return await read_body(scope, receive, limit)
-
-        def watch_from_now(ctx: RequestContext) -> None:
-            nonlocal watch
-            watch = _Watch(receive, asyncio.get_running_loop(), ctx)
-
-        inbound = Inbound(
-            method=scope["method"], endpoint=self.endpoint, headers=scope["headers"],
-            read_body=body, on_body_read=watch_from_now,
-            client_gone=lambda: watch is not None and watch.client_gone,
-        )
+        request = _ClientRequest(scope, receive, self.endpoint)
         try:
-            await self.pipeline.run(inbound, send)
+            await self.pipeline.run(request, send)
         finally:
-            if watch is not None:
-                watch.stop()
+            request.stop()

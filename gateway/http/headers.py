@@ -52,6 +52,10 @@ _RESPONSE_DROP = HOP_BY_HOP | {
     b"x-request-id",
 }
 
+#: tokens of a Connection header that need no second pass: names dropped anyway, and the empty
+#: token of ``a,,b``
+_DROPPED_ANYWAY = _RESPONSE_DROP | {b""}
+
 
 def _connection_tokens(headers: RawHeaders) -> set[bytes]:
     """Header names listed in a Connection header are hop-by-hop too."""
@@ -64,17 +68,32 @@ def _connection_tokens(headers: RawHeaders) -> set[bytes]:
 
 def request_headers(client_headers: RawHeaders) -> RawHeaders:
     """Client headers safe to forward upstream (ASGI servers give names in lower case)."""
-    extra = _connection_tokens(client_headers) if any(
-        k == b"connection" for k, _ in client_headers
-    ) else ()
-    return [(k, v) for k, v in client_headers if k not in _REQUEST_DROP and k not in extra]
+    kept: RawHeaders = []
+    connection = False
+    for key, value in client_headers:
+        if key not in _REQUEST_DROP:
+            kept.append((key, value))
+        elif key == b"connection":
+            connection = True
+    if connection:  # it may name more headers to drop
+        extra = _connection_tokens(client_headers)
+        kept = [(k, v) for k, v in kept if k not in extra]
+    return kept
 
 
 def response_headers(upstream_headers: RawHeaders) -> RawHeaders:
-    """Backend response headers safe to relay to the client."""
-    extra = _connection_tokens(upstream_headers)
-    return [
-        (k.lower(), v)
-        for k, v in upstream_headers
-        if k.lower() not in _RESPONSE_DROP and k.lower() not in extra
-    ]
+    """Backend response headers safe to relay to the client, names in lower case."""
+    kept: RawHeaders = []
+    extra: set[bytes] | None = None
+    for name, value in upstream_headers:
+        key = name.lower()
+        if key not in _RESPONSE_DROP:
+            kept.append((key, value))
+        elif key == b"connection" and value.lower() != b"keep-alive":
+            # it may name more headers to drop ("keep-alive" names one dropped anyway)
+            tokens = {t.strip().lower() for t in value.split(b",")} - _DROPPED_ANYWAY
+            if tokens:
+                extra = tokens if extra is None else extra | tokens
+    if extra:
+        kept = [(k, v) for k, v in kept if k not in extra]
+    return kept
