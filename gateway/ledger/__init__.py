@@ -2,9 +2,9 @@
 
 ``record.py`` holds the record; ``base.py`` the interface (``Ledger``) and the shared write
 path (buffer -> background flusher, group commit); ``sql/`` the stores of record (PostgreSQL,
-SQLite embedded), their schema and migrations; ``spool.py`` the local fsync'd fallback while
-the database is away; ``aggregate.py`` the totals; ``reconcile.py`` and ``export.py`` the
-checks and formats.
+SQLite embedded), their schema, migrations and the reads (``usage_rows``, ``export``,
+``drift``); ``spool.py`` the local fsync'd fallback while the database is away;
+``aggregate.py`` the row a usage read answers; ``export.py`` the CSV and JSON Lines formats.
 
 Wiring (``gateway/app/state.py``; the pipeline writes the record)::
 
@@ -18,8 +18,8 @@ Wiring (``gateway/app/state.py``; the pipeline writes the record)::
 
 from __future__ import annotations
 
-from gateway.ledger.aggregate import COUNTERS, GROUP_DIMENSIONS, UsageRow
-from gateway.ledger.base import DEFAULT_GROUP_BY, Ledger, LedgerSettings, LedgerStats
+from gateway.ledger.aggregate import UsageRow
+from gateway.ledger.base import Ledger, LedgerSettings, LedgerStats
 from gateway.ledger.errors import (
     LedgerConnectError,
     LedgerError,
@@ -34,7 +34,6 @@ from gateway.ledger.export import (
     stream_csv,
     stream_jsonl,
 )
-from gateway.ledger.reconcile import Difference
 from gateway.ledger.record import (
     Outcome,
     UsageRecord,
@@ -47,11 +46,7 @@ from gateway.ledger.record import (
 from gateway.ledger.spool import Spool
 
 __all__ = [
-    "COUNTERS",
     "CSV_COLUMNS",
-    "DEFAULT_GROUP_BY",
-    "GROUP_DIMENSIONS",
-    "Difference",
     "Ledger",
     "LedgerConnectError",
     "LedgerError",

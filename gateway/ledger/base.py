@@ -17,9 +17,10 @@ With ``write_nowait`` alone, a record is durable ``flush_interval`` plus one flu
 ``write`` (~50-60 ms; ``stats.max_lag_ms`` measures it): a SIGKILL, OOM kill or power loss in
 that window loses it. Every other exit path goes through ``close``.
 
-A store implements ``_store`` (make a batch durable somewhere, or raise) and the reads
-(``_read_totals``, ``_day_records``, ``tenants``); usage rows, exports and reconciliation are
-built here from those, the same way for every store.
+A store implements ``_store`` (make a batch durable somewhere, or raise) and the reads:
+``usage_rows`` (rollup sums, any grouping, keyset pages), ``export`` (records in keyset
+chunks), ``drift`` (a day's rollups against its records) and ``tenants``. The stores of record
+(``sql/``) answer them in SQL; there is no other way to read usage.
 """
 
 from __future__ import annotations
@@ -30,26 +31,21 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from datetime import date, timedelta
 from typing import TYPE_CHECKING
 
-from gateway.ledger.aggregate import Period, parse_day, plan_periods, rows_from
-from gateway.ledger.reconcile import diff_totals, sum_records
-from gateway.ledger.record import day_of
+from gateway.ledger.sql.usage_query import DEFAULT_LIMIT
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping, Sequence
+    from collections.abc import AsyncIterator, Sequence
+    from datetime import date
 
-    from gateway.ledger.aggregate import UsageRow
-    from gateway.ledger.reconcile import Difference
     from gateway.ledger.record import UsageRecord
+    from gateway.ledger.sql.drift import Drift
+    from gateway.ledger.sql.usage_query import UsagePage
 
-__all__ = ["DEFAULT_GROUP_BY", "Ledger", "LedgerSettings", "LedgerStats"]
+__all__ = ["Ledger", "LedgerSettings", "LedgerStats"]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_GROUP_BY = ("day", "model", "class")
-_DAY_MS = 86_400_000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,7 +85,7 @@ class LedgerStats:
 
 
 class Ledger(abc.ABC):
-    """Usage records: ``write`` one per admitted request; read totals, records, differences.
+    """Usage records: ``write`` one per admitted request; read rollup rows, records, drift.
 
     Lifecycle: ``await start()`` once (in the app lifespan), ``write`` per request, ``await
     close()`` on the way out. ``write`` before ``start`` buffers; after ``close`` it goes
@@ -213,63 +209,33 @@ class Ledger(abc.ABC):
                 except Exception:
                     log.exception("ledger flush failed; %d records kept for retry", self.pending)
 
-    # -- reads ----------------------------------------------------------------------------
-
-    async def usage(
-        self,
-        tenant: str,
-        since_day: date | str,
-        until_day: date | str,
-        group_by: Sequence[str] = DEFAULT_GROUP_BY,
-    ) -> list[UsageRow]:
-        """One tenant's totals for the UTC days ``since_day..until_day`` (inclusive), grouped
-        by any of day, month, model, class, batch."""
-        periods = plan_periods(parse_day(since_day), parse_day(until_day), by_day="day" in group_by)
-        totals = await self._read_totals(tenant, periods)
-        return rows_from(tenant, zip(periods, totals, strict=True), group_by)
-
-    async def usage_all(
-        self,
-        since_day: date | str,
-        until_day: date | str,
-        group_by: Sequence[str] = DEFAULT_GROUP_BY,
-    ) -> list[UsageRow]:
-        """``usage`` for every tenant with records (admin), rows tagged by tenant."""
-        rows: list[UsageRow] = []
-        for tenant in await self.tenants():
-            rows.extend(await self.usage(tenant, since_day, until_day, group_by))
-        return rows
-
-    async def export(
-        self, from_ts: int, to_ts: int, tenant: str | None = None
-    ) -> AsyncIterator[UsageRecord]:
-        """Records with ``from_ts <= ts_ms < to_ts`` (unix ms), one tenant or all; ordered
-        by tenant, then day, then arrival. Streams: one day partition in memory at a time."""
-        tenants = [tenant] if tenant is not None else await self.tenants()
-        # only days that can hold records: retention behind, a day of clock skew ahead
-        now = time.time_ns() // 1_000_000
-        lo = max(from_ts, now - (self.settings.retention_days + 1) * _DAY_MS)
-        hi = min(to_ts, now + _DAY_MS)
-        if lo >= hi:
-            return
-        first, last = day_of(lo), day_of(hi - 1)
-        days = _days(date.fromisoformat(first), date.fromisoformat(last))
-        for t in tenants:
-            for day in days:
-                async for record in self._day_records(t, day):
-                    if from_ts <= record.ts_ms < to_ts:
-                        yield record
-
-    async def reconcile(self, tenant: str, day: date | str) -> list[Difference]:
-        """Differences between the day's stored totals and the sum of its records."""
-        label = parse_day(day).isoformat()
-        (stored,) = await self._read_totals(tenant, [Period("d", label)])
-        records = [r async for r in self._day_records(tenant, label)]
-        return diff_totals(tenant, label, stored, sum_records(records))
+    # -- reads (the stores of record answer them from their rollups and records) ---------
 
     @abc.abstractmethod
     async def tenants(self) -> list[str]:
         """Tenants that have records (sorted)."""
+
+    @abc.abstractmethod
+    async def usage_rows(self, tenant: str | None, lo_ms: int, hi_ms: int,
+                         group_by: Sequence[str], *, limit: int = DEFAULT_LIMIT,
+                         after: str | None = None) -> UsagePage:
+        """Rollup sums of ``tenant`` (None: every tenant) for the hours starting in
+        ``[lo_ms, hi_ms)``, grouped by ``group_by`` (any of ``usage_query.DIMENSIONS``), in
+        group order, ``limit`` rows from after the cursor ``after``. Raises
+        ``UsageQueryError`` (naming the parameter) for a grouping, limit or cursor it
+        cannot answer."""
+
+    @abc.abstractmethod
+    def export(
+        self, from_ts: int, to_ts: int, tenant: str | None = None, *, chunk: int = 1000
+    ) -> AsyncIterator[UsageRecord]:
+        """Records with ``from_ts <= ts_ms < to_ts`` (unix ms), one tenant or all; ordered by
+        tenant (code point), then time, then request id; read ``chunk`` records at a time."""
+
+    @abc.abstractmethod
+    async def drift(self, tenant: str, day: date) -> list[Drift]:
+        """Every (hour, group, counter) of ``tenant``'s UTC ``day`` where the rollups differ
+        from the sum of the records (empty: the day is consistent)."""
 
     # -- what a store provides ------------------------------------------------------------
 
@@ -283,21 +249,9 @@ class Ledger(abc.ABC):
         """Durably keep records that arrive after ``close`` (blocking is acceptable)."""
 
     @abc.abstractmethod
-    async def _read_totals(self, tenant: str, periods: list[Period]) -> list[Mapping[str, int]]:
-        """The ``{field: int}`` totals of each period, in order (empty when none)."""
-
-    @abc.abstractmethod
-    def _day_records(self, tenant: str, day: str) -> AsyncIterator[UsageRecord]:
-        """The records of one tenant's day partition, in arrival order."""
-
-    @abc.abstractmethod
     async def _start_store(self) -> None:
         """Start store tasks (spool replay); called once by ``start``."""
 
     @abc.abstractmethod
     async def _close_store(self) -> None:
         """Release store resources after the final drain."""
-
-
-def _days(first: date, last: date) -> list[str]:
-    return [(first + timedelta(days=i)).isoformat() for i in range((last - first).days + 1)]

@@ -25,6 +25,7 @@ from gateway.ledger.sql.schema import RECORD_COLUMNS, ROLLUP_COUNTERS, ROLLUP_KE
 from gateway.ledger.sql.sqlite import SqliteLedger, split_script
 from gateway.ledger.sql.store import SqlLedger
 from gateway.ledger.sql.url import describe, parse_ledger_url
+from tests.ledger.usage_data import FINEST, all_rows, assert_reads_match, day_ms, day_span
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -164,7 +165,7 @@ async def test_migration_from_the_previous_version_backfills_rollups(
     make_sql: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A database at version 1 (records, no rollups) with records in it: migrating to 2
-    builds the rollups from those records, and they reconcile."""
+    builds the rollups from those records, and they equal the records' sums."""
     import gateway.ledger.sql.postgres as pg_module
     import gateway.ledger.sql.sqlite as sqlite_module
 
@@ -181,11 +182,10 @@ async def test_migration_from_the_previous_version_backfills_rollups(
     monkeypatch.undo()
     ledger = await make_sql()  # migrates 2 at start
     assert await ledger.applied_version() == 2
-    day = day_of(records[0].ts_ms)
-    assert await ledger.reconcile(tenant, day) == []
-    rows = await ledger.usage(tenant, day, day, group_by=())
-    assert rows[0].requests == 50
-    assert rows[0].reasoning == sum(r.reasoning for r in records)
+    await assert_reads_match(ledger, tenant, records)  # rows, export, and no drift
+    (row,) = await all_rows(ledger, tenant, *day_span(records), ())
+    assert row.requests == 50
+    assert row.reasoning == sum(r.reasoning for r in records)
 
 
 async def _insert_raw(ledger: SqlLedger, records: list[UsageRecord]) -> None:
@@ -237,13 +237,13 @@ async def test_group_commit_makes_each_record_durable_once(
     assert ledger.stats.flushes < len(records)  # commits were shared
     assert ledger.stats.stored == 500 and ledger.pending == 0
     reader = await make_sql()  # another replica sees them all
-    day = day_of(records[0].ts_ms)
     assert len([r async for r in reader.export(0, 2**62, tenant)]) == 500
     await asyncio.gather(*(ledger.write_durable(r) for r in records[:50]))
     assert ledger.stats.duplicates == 50
-    (row,) = await reader.usage(tenant, day, day, group_by=())
+    (row,) = await all_rows(reader, tenant, *day_span(records), ())
     assert row.requests == 500
     assert row.cost_micros == 500 * 120
+    await assert_reads_match(reader, tenant, records)
 
 
 async def test_records_round_trip_exactly(make_sql: Callable[..., Any]) -> None:
@@ -269,9 +269,8 @@ async def test_replicas_writing_the_same_records_leave_one_row_each(
             ledger.write_nowait(r)
     await asyncio.gather(*(lg.flush() for lg in replicas))
     assert sum(lg.stats.stored for lg in replicas) == 400
-    day = day_of(records[0].ts_ms)
-    assert await replicas[0].reconcile(tenant, day) == []
-    (row,) = await replicas[1].usage(tenant, day, day, group_by=())
+    await assert_reads_match(replicas[0], tenant, records)  # rows, export, and no drift
+    (row,) = await all_rows(replicas[1], tenant, *day_span(records), ())
     assert row.requests == 400 and row.prompt_total == 400 * 16
 
 
@@ -299,8 +298,11 @@ async def test_rollups_equal_the_records_for_random_batches(make_sql: Callable[.
         await ledger.flush()
     for tenant in tenants:
         for back in range(4):
-            day = day_of(now - back * DAY_MS)
-            assert await ledger.reconcile(tenant, day) == []
+            day = date.fromisoformat(day_of(now - back * DAY_MS))
+            assert await ledger.drift(tenant, day) == []
+        mine = [r for r in written.values() if r.tenant == tenant]
+        await assert_reads_match(ledger, tenant, mine, ((), ("day", "model", "class", "batch"),
+                                                        FINEST))
     assert ledger.stats.stored == len(written)
 
 
@@ -321,9 +323,10 @@ async def test_retention_drops_old_records_and_keeps_rollups(
     ledger.settings = replace(ledger.settings, retention_days=5)
     assert await ledger.expire(today) >= 1
     old_day = day_of(old_ms)
-    assert await ledger._records(tenant, old_day) == []
-    kept = {r.request_id for r in await ledger._records(tenant, day_of(new[0].ts_ms))}
+    old_lo = day_ms(old_day)
+    assert [r async for r in ledger.export(old_lo, old_lo + DAY_MS, tenant)] == []
+    kept = {r.request_id async for r in ledger.export(0, 2**62, tenant)}
     assert kept == {r.request_id for r in new}
-    (row,) = await ledger.usage(tenant, old_day, old_day, group_by=())
+    (row,) = await all_rows(ledger, tenant, old_lo, old_lo + DAY_MS, ())
     assert row.requests == 5  # the rollups outlive the raw records
     assert (today - timedelta(days=10)).isoformat() == old_day

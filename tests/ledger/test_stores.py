@@ -1,14 +1,22 @@
-"""The same behaviour from every ledger: memory, Redis and Redis Cluster."""
+"""The same behaviour from every ledger of record (SQLite and PostgreSQL), read back through
+the reads the product uses: ``usage_rows``, ``export`` and ``drift``."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from gateway.ledger import UsageRecord, day_of, format_csv, format_jsonl
-from gateway.ledger.reconcile import sum_records
+from tests.ledger.usage_data import (
+    FINEST,
+    all_rows,
+    assert_reads_match,
+    day_ms,
+    day_span,
+    utc_days,
+)
 
 if TYPE_CHECKING:
     from gateway.ledger import Ledger
@@ -50,11 +58,10 @@ async def test_same_record_twice_counts_once(
     for r in records[:5]:
         await ledger.write(r)
     await ledger.flush()
-    day = day_of(records[0].ts_ms)
-    (row,) = await ledger.usage(tenant, day, day, group_by=("day",))
+    (row,) = await all_rows(ledger, tenant, *day_span(records), ("day",))
     assert row_totals(row) == totals(records)
     assert len([r async for r in ledger.export(0, 2**62, tenant)]) == 20
-    assert await ledger.reconcile(tenant, day) == []
+    await assert_reads_match(ledger, tenant, records)
     assert ledger.stats.stored == 20
     assert ledger.stats.duplicates == 25
 
@@ -62,19 +69,19 @@ async def test_same_record_twice_counts_once(
 async def test_second_ledger_dedupes_too(
     make_ledger: LedgerFactory, make_record: RecordFactory, tenant: str
 ) -> None:
-    """Two replicas (two ledgers on one Redis) writing the same records concurrently count
-    each once. (Memory ledgers are per process: the same ledger stands in for both.)"""
+    """Two replicas (two ledgers on one database) writing the same records concurrently
+    count each once."""
     one = await make_ledger()
-    two = one if type(one).__name__ == "MemoryLedger" else await make_ledger()
+    two = await make_ledger()
     records = [make_record(tenant) for _ in range(300)]
     for r in records:
         await one.write(r)
         await two.write(r)
     await asyncio.gather(one.flush(), two.flush())
-    day = day_of(records[0].ts_ms)
-    (row,) = await two.usage(tenant, day, day, group_by=())
+    (row,) = await all_rows(two, tenant, *day_span(records), ())
     assert row_totals(row) == totals(records)
-    assert one.stats.stored + (two.stats.stored if two is not one else 0) == 300
+    assert one.stats.stored + two.stats.stored == 300
+    await assert_reads_match(one, tenant, records)
 
 
 async def test_group_by_model_and_class(
@@ -91,7 +98,8 @@ async def test_group_by_model_and_class(
         await ledger.write(r)
     await ledger.flush()
     day = day_of(records[0].ts_ms)
-    rows = await ledger.usage(tenant, day, day)
+    span = day_span(records)
+    rows = await all_rows(ledger, tenant, *span, ("tenant", "day", "model", "class"))
     assert [(r.day, r.model, r.request_class) for r in rows] == [
         (day, m, c) for m in ("m-a", "m|b") for c in ("batch", "interactive")
     ]
@@ -99,17 +107,19 @@ async def test_group_by_model_and_class(
         group = [r for r in records if (r.model, r.request_class) == (row.model, row.request_class)]
         assert row_totals(row) == totals(group)
         assert row.tenant == tenant
-    (by_model,) = [r for r in await ledger.usage(tenant, day, day, ("model",)) if r.model == "m-a"]
+    (by_model,) = [r for r in await all_rows(ledger, tenant, *span, ("model",))
+                   if r.model == "m-a"]
     assert by_model.requests == 6 and by_model.day is None and by_model.request_class is None
 
 
 async def test_group_by_batch(ledger: Ledger, make_record: RecordFactory, tenant: str) -> None:
     """Requests of a batch job group under its id; the rest under None."""
-    for batch in ("batch-1", "batch-1", "batch-2", None):
-        await ledger.write(make_record(tenant, batch_id=batch))
+    records = [make_record(tenant, batch_id=batch)
+               for batch in ("batch-1", "batch-1", "batch-2", None)]
+    for r in records:
+        await ledger.write(r)
     await ledger.flush()
-    day = day_of(int(time.time() * 1000))
-    rows = await ledger.usage(tenant, day, day, group_by=("batch",))
+    rows = await all_rows(ledger, tenant, *day_span(records), ("batch",))
     assert {r.batch_id: r.requests for r in rows} == {None: 1, "batch-1": 2, "batch-2": 1}
 
 
@@ -117,7 +127,7 @@ async def test_days_and_months(
     make_ledger: LedgerFactory, make_record: RecordFactory, tenant: str
 ) -> None:
     """Records on several days land in their own day partitions; a range sums them, and
-    month rows (read from month totals where a whole month is covered) agree."""
+    month rows over a range of whole months agree."""
     ledger = await make_ledger()
     now = int(time.time() * 1000)
     stamps = [now - d * DAY_MS for d in (0, 0, 1, 3, 40)]
@@ -125,42 +135,46 @@ async def test_days_and_months(
     for r in records:
         await ledger.write(r)
     await ledger.flush()
-    first, last = day_of(min(stamps)), day_of(max(stamps))
-    rows = await ledger.usage(tenant, first, last, group_by=("day",))
+    span = day_span(records)
+    rows = await all_rows(ledger, tenant, *span, ("day",))
     assert {r.day: r.requests for r in rows} == {
         day_of(ts): sum(1 for s in stamps if day_of(s) == day_of(ts)) for ts in stamps
     }
-    (everything,) = await ledger.usage(tenant, first, last, group_by=())
+    (everything,) = await all_rows(ledger, tenant, *span, ())
     assert row_totals(everything) == totals(records)
-    # a range of whole months, by month: served from month totals
+    # a range of whole months, by month
     start = datetime.fromtimestamp(min(stamps) / 1000, UTC).date().replace(day=1)
     end = datetime.fromtimestamp(now / 1000, UTC).date().replace(day=28) + timedelta(days=4)
-    end = end.replace(day=1) - timedelta(days=1)
-    months = await ledger.usage(tenant, start, end, group_by=("month",))
+    end = end.replace(day=1)  # the first day after the last month
+    months = await all_rows(ledger, tenant, day_ms(start), day_ms(end), ("month",))
     assert sum(r.requests for r in months) == 5
     assert {r.month for r in months} == {day_of(ts)[:7] for ts in stamps}
     for ts in set(stamps):
-        assert await ledger.reconcile(tenant, day_of(ts)) == []
+        assert await ledger.drift(tenant, date.fromisoformat(day_of(ts))) == []
+    await assert_reads_match(ledger, tenant, records, ((), ("day",), ("month",)))
 
 
 async def test_tenants_are_isolated(
     ledger: Ledger, make_record: RecordFactory, tenant: str
 ) -> None:
-    """Tenant A's usage, export and reconcile never include tenant B's records."""
+    """Tenant A's usage, export and drift never include tenant B's records."""
     other = tenant + "-b"
     mine = [make_record(tenant) for _ in range(4)]
     theirs = [make_record(other, model="their-model") for _ in range(6)]
     for r in [*mine, *theirs]:
         await ledger.write(r)
     await ledger.flush()
-    day = day_of(mine[0].ts_ms)
-    rows = await ledger.usage(tenant, day, day)
+    span = day_span([*mine, *theirs])
+    rows = await all_rows(ledger, tenant, *span, ("day", "model", "class"))
     assert [r.model for r in rows] == ["chat-model"]
     assert row_totals(rows[0]) == totals(mine)
     exported = [r async for r in ledger.export(0, 2**62, tenant)]
     assert {r.request_id for r in exported} == {r.request_id for r in mine}
-    assert await ledger.reconcile(other, day) == []
-    everyone = await ledger.usage_all(day, day, group_by=())
+    for day in utc_days(theirs):
+        assert await ledger.drift(other, day) == []
+    await assert_reads_match(ledger, tenant, mine)
+    await assert_reads_match(ledger, other, theirs)
+    everyone = await all_rows(ledger, None, *span, ("tenant",))
     by_tenant = {r.tenant: r.requests for r in everyone}
     assert by_tenant[tenant] == 4 and by_tenant[other] == 6
     assert {tenant, other} <= set(await ledger.tenants())
@@ -202,11 +216,9 @@ async def test_close_drains_the_buffer(
     await slow.close()
     assert slow.pending == 0
     reader = await make_ledger()
-    day = day_of(records[0].ts_ms)
-    if type(reader).__name__ == "MemoryLedger":
-        return  # a second memory ledger has its own journal; covered in test_memory.py
-    (row,) = await reader.usage(tenant, day, day, group_by=())
+    (row,) = await all_rows(reader, tenant, *day_span(records), ())
     assert row_totals(row) == totals(records)
+    await assert_reads_match(reader, tenant, records)
 
 
 async def test_write_after_close_is_kept(
@@ -224,7 +236,8 @@ async def test_write_after_close_is_kept(
 async def test_aggregates_equal_sum_of_records(
     ledger: Ledger, make_record: RecordFactory, tenant: str
 ) -> None:
-    """After a mixed load (duplicates, batches, classes) every day reconciles."""
+    """After a mixed load (duplicates, batches, classes) every day's rollups equal its
+    records, and the records are each stored once."""
     records = [
         make_record(tenant, request_class=("interactive", "batch")[i % 2], batch_id=f"b{i % 3}")
         for i in range(300)
@@ -232,10 +245,9 @@ async def test_aggregates_equal_sum_of_records(
     for r in records + records[::7]:
         await ledger.write(r)
     await ledger.flush()
-    day = day_of(records[0].ts_ms)
-    assert await ledger.reconcile(tenant, day) == []
-    exported = [r async for r in ledger.export(0, 2**62, tenant)]
-    assert sum_records(exported) == sum_records(records)
+    for day in utc_days(records):
+        assert await ledger.drift(tenant, day) == []
+    await assert_reads_match(ledger, tenant, records, ((), ("class", "batch"), FINEST))
 
 
 async def test_flush_lag_is_bounded(

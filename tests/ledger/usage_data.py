@@ -1,5 +1,6 @@
-"""Records for the usage-read tests, and what the rollup query must answer for them, computed
-in Python straight from the records (never from the rollups).
+"""Records for the usage-read tests, what the rollup query must answer for them, computed in
+Python straight from the records (never from the rollups), and one check that every read of
+a store (``usage_rows``, ``export``, ``drift``) agrees with the records written to it.
 
 Names are chosen to catch ordering mistakes: upper and lower case (``Zeta`` sorts before
 ``alpha`` by code point, after it in most locales), non-ASCII, ``|`` and ``%``. Timestamps fall
@@ -10,7 +11,7 @@ exactly on hour, day and month boundaries.
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
 
 from gateway.ledger import UsageRecord
@@ -20,9 +21,22 @@ from gateway.ledger.sql.usage_query import TEXT_DIMENSIONS
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from gateway.ledger import UsageRow
+    from gateway.ledger import Ledger, UsageRow
 
-__all__ = ["HOUR", "JAN_15", "counters", "expected_rows", "row_dict", "sample_records"]
+__all__ = [
+    "FINEST",
+    "HOUR",
+    "JAN_15",
+    "all_rows",
+    "assert_reads_match",
+    "counters",
+    "day_ms",
+    "day_span",
+    "expected_rows",
+    "row_dict",
+    "sample_records",
+    "utc_days",
+]
 
 HOUR = 3_600_000
 DAY = 24 * HOUR
@@ -133,3 +147,54 @@ def row_dict(row: UsageRow, group_by: Sequence[str]) -> dict[str, Any]:
     """A query row as ``expected_rows`` spells it: the grouped fields and the counters."""
     fields = [TEXT_DIMENSIONS.get(d, d) for d in group_by]
     return {f: getattr(row, f) for f in [*fields, *ROLLUP_COUNTERS]}
+
+
+#: every group a rollup row has: rows grouped so are the rollup rows themselves
+FINEST = ("hour", "key", "model", "class", "version", "batch", "team", "organization")
+
+
+def day_ms(day: date | str) -> int:
+    """00:00 UTC of ``day`` (a ``date`` or ``YYYY-MM-DD``) in unix ms."""
+    when = day if isinstance(day, date) else date.fromisoformat(day)
+    return int(datetime(when.year, when.month, when.day, tzinfo=UTC).timestamp() * 1000)
+
+
+def utc_days(records: Iterable[UsageRecord]) -> list[date]:
+    """The UTC days the records fall on, in order."""
+    return sorted({date.fromisoformat(r.day) for r in records})
+
+
+def day_span(records: Iterable[UsageRecord]) -> tuple[int, int]:
+    """``[lo, hi)`` unix ms: from the first to the end of the last UTC day of the records."""
+    days = utc_days(records)
+    return day_ms(days[0]), day_ms(days[-1]) + DAY
+
+
+async def all_rows(ledger: Ledger, tenant: str | None, lo: int, hi: int,
+                   group_by: Sequence[str]) -> list[UsageRow]:
+    """Every row of ``usage_rows``, following the pages to the last."""
+    rows: list[UsageRow] = []
+    after: str | None = None
+    while True:
+        page = await ledger.usage_rows(tenant, lo, hi, group_by, after=after)
+        rows += page.rows
+        if page.next is None:
+            return rows
+        after = page.next
+
+
+async def assert_reads_match(ledger: Ledger, tenant: str, records: Sequence[UsageRecord],
+                             groupings: Iterable[Sequence[str]] = ((), FINEST)) -> None:
+    """``records`` are exactly what ``ledger`` holds for ``tenant`` (each once): ``export``
+    gives them back whole and in order, ``usage_rows`` in each grouping equals their sums
+    computed here, and ``drift`` is empty on each of their days."""
+    want = sorted(records, key=lambda r: (r.tenant, r.ts_ms, r.request_id))
+    got = [r async for r in ledger.export(0, 2**62, tenant)]
+    assert [r.request_id for r in got] == [r.request_id for r in want], "records lost or doubled"
+    assert got == want
+    lo, hi = day_span(records)
+    for group_by in groupings:
+        rows = [row_dict(r, group_by) for r in await all_rows(ledger, tenant, lo, hi, group_by)]
+        assert rows == expected_rows(records, group_by, lo, hi, tenant), group_by
+    for day in utc_days(records):
+        assert await ledger.drift(tenant, day) == [], day

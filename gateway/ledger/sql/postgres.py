@@ -28,7 +28,7 @@ from gateway.ledger.errors import LedgerUnavailable
 from gateway.ledger.record import UsageRecord
 from gateway.ledger.sql.migrations import MIGRATIONS
 from gateway.ledger.sql.schema import RECORD_COLUMNS, ROLLUP_KEYS, quoted, record_row
-from gateway.ledger.sql.store import SqlLedger, TotalsRow
+from gateway.ledger.sql.store import SqlLedger
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -91,15 +91,6 @@ SELECT count(*) FROM new
 
 
 _INSERT = _insert_statement()
-_TOTALS = """
-SELECT hour_ms / 86400000, model, request_class, batch_id, sum(requests), sum(system),
-       sum(history), sum("new"), sum(tools), sum(cached), sum(output), sum(prompt_total),
-       sum(cost_micros), sum(estimated), sum(cache_write), sum(reasoning)
-FROM usage_hourly WHERE tenant = $1 AND hour_ms >= $2 AND hour_ms < $3
-GROUP BY 1, 2, 3, 4
-"""
-_RECORDS = (f"SELECT {quoted(RECORD_COLUMNS)} FROM usage_records "
-            "WHERE day = $1 AND tenant = $2 ORDER BY ts_ms, request_id")
 #: for the reads' transaction: plan each read with its values. asyncpg prepares statements and
 #: PostgreSQL would switch to a generic plan after five runs; for the usage query that plan
 #: cannot see the hour range, guesses a few hundred rollup rows, and sorts the tens of
@@ -275,14 +266,6 @@ class PostgresLedger(SqlLedger):
         rows = await self._run("fetch", "SELECT DISTINCT tenant FROM usage_hourly "
                                         "ORDER BY tenant")
         return [str(r[0]) for r in rows]
-
-    async def _totals(self, tenant: str, lo_ms: int, hi_ms: int) -> list[TotalsRow]:
-        rows = await self._run("fetch", _TOTALS, tenant, lo_ms, hi_ms)
-        return [tuple(r) for r in rows]
-
-    async def _records(self, tenant: str, day: str) -> list[UsageRecord]:
-        rows = await self._run("fetch", _RECORDS, date.fromisoformat(day), tenant)
-        return [UsageRecord(**dict(r.items())) for r in rows]
 
     async def _fetch_all(self, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
         pool = await self._get_pool()

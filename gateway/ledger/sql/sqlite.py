@@ -26,7 +26,7 @@ from gateway.ledger.errors import LedgerUnavailable
 from gateway.ledger.record import UsageRecord
 from gateway.ledger.sql.migrations import MIGRATIONS
 from gateway.ledger.sql.schema import RECORD_COLUMNS, quoted, record_row
-from gateway.ledger.sql.store import SqlLedger, TotalsRow
+from gateway.ledger.sql.store import SqlLedger
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -41,16 +41,6 @@ _T = TypeVar("_T")
 
 _INSERT = (f"INSERT OR IGNORE INTO usage_records (day, {quoted(RECORD_COLUMNS)}) "
            f"VALUES ({', '.join('?' * (len(RECORD_COLUMNS) + 1))})")
-_TOTALS = """
-SELECT hour_ms / 86400000, model, request_class, batch_id, sum(requests), sum(system),
-       sum(history), sum("new"), sum(tools), sum(cached), sum(output), sum(prompt_total),
-       sum(cost_micros), sum(estimated), sum(cache_write), sum(reasoning)
-FROM usage_hourly WHERE tenant = ? AND hour_ms >= ? AND hour_ms < ?
-GROUP BY 1, 2, 3, 4
-"""
-_RECORDS = (f"SELECT {quoted(RECORD_COLUMNS)} FROM usage_records "
-            "WHERE day = ? AND tenant = ? ORDER BY ts_ms, request_id")
-_ESTIMATED = RECORD_COLUMNS.index("estimated")
 
 
 def split_script(script: str) -> list[str]:
@@ -177,24 +167,8 @@ class SqliteLedger(SqlLedger):
             "SELECT DISTINCT tenant FROM usage_hourly ORDER BY tenant").fetchall())
         return [str(r[0]) for r in rows]
 
-    async def _totals(self, tenant: str, lo_ms: int, hi_ms: int) -> list[TotalsRow]:
-        rows = await self._on(self._reader, lambda: self._r().execute(
-            _TOTALS, (tenant, lo_ms, hi_ms)).fetchall())
-        return [tuple(r) for r in rows]
-
-    async def _records(self, tenant: str, day: str) -> list[UsageRecord]:
-        rows = await self._on(self._reader, lambda: self._r().execute(
-            _RECORDS, (day, tenant)).fetchall())
-        return [_record(r) for r in rows]
-
     async def _fetch_all(self, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
         return await self._on(self._reader, lambda: _read_snapshot(self._r(), statements))
-
-
-def _record(row: Sequence[Any]) -> UsageRecord:
-    values = dict(zip(RECORD_COLUMNS, row, strict=True))
-    values["estimated"] = bool(row[_ESTIMATED])
-    return UsageRecord(**values)
 
 
 def _read_snapshot(conn: sqlite3.Connection, statements: Sequence[Statement]

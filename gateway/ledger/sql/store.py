@@ -24,10 +24,9 @@ import asyncio
 import contextlib
 import logging
 import os
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
 
-from gateway.ledger.aggregate import COUNTERS, field_prefix
 from gateway.ledger.base import Ledger, LedgerSettings
 from gateway.ledger.errors import LedgerUnavailable
 from gateway.ledger.record import UsageRecord
@@ -40,9 +39,8 @@ from gateway.ledger.sql.usage_query import DEFAULT_LIMIT, UsageQuery
 from gateway.timers.backoff import Backoff
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping, Sequence
+    from collections.abc import AsyncIterator, Sequence
 
-    from gateway.ledger.aggregate import Period
     from gateway.ledger.sql.drift import Drift
     from gateway.ledger.sql.migrations import Dialect
     from gateway.ledger.sql.usage_query import UsagePage
@@ -50,15 +48,11 @@ if TYPE_CHECKING:
     #: one read statement and its values, in the dialect's placeholders
     Statement = tuple[str, Sequence[Any]]
 
-__all__ = ["SqlLedger", "Statement", "TotalsRow"]
+__all__ = ["SqlLedger", "Statement"]
 
 log = logging.getLogger(__name__)
 
 _DAY_MS = 86_400_000
-#: (day number, model, class, batch, then ``aggregate.COUNTERS`` in order): the rollup sums of
-#: one group on one day
-TotalsRow = tuple[Any, ...]
-_FOUR_DAYS = timedelta(days=4)
 #: how often retention runs (and the next days' partitions are made)
 _MAINTAIN_EVERY = 3600.0
 
@@ -131,15 +125,6 @@ class SqlLedger(Ledger):
     async def _expire(self, before_day: date) -> int:
         """Delete the records of days before ``before_day`` (rollups are kept); returns how
         many days (or partitions) went."""
-
-    @abc.abstractmethod
-    async def _totals(self, tenant: str, lo_ms: int, hi_ms: int) -> list[TotalsRow]:
-        """Rollup sums of ``tenant`` for hours in ``[lo_ms, hi_ms)``, grouped by day number,
-        model, class and batch (the ``TotalsRow`` shape)."""
-
-    @abc.abstractmethod
-    async def _records(self, tenant: str, day: str) -> list[UsageRecord]:
-        """One tenant's records of one UTC day, in time order."""
 
     @abc.abstractmethod
     async def _fetch_all(self, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
@@ -306,24 +291,6 @@ class SqlLedger(Ledger):
 
     # -- reading ------------------------------------------------------------------------------
 
-    async def _read_totals(self, tenant: str, periods: list[Period]) -> list[Mapping[str, int]]:
-        if not periods:
-            return []
-        bounds = [_period_bounds(p) for p in periods]
-        rows = await self._totals(tenant, bounds[0][0], bounds[-1][1])
-        out: list[dict[str, int]] = [{} for _ in periods]
-        for row in rows:
-            day_ms = int(row[0]) * _DAY_MS
-            for i, (lo, hi) in enumerate(bounds):
-                if lo <= day_ms < hi:
-                    _add_row(out[i], row)
-                    break
-        return list(out)
-
-    async def _day_records(self, tenant: str, day: str) -> AsyncIterator[UsageRecord]:
-        for record in await self._records(tenant, day):
-            yield record
-
     async def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         (rows,) = await self._fetch_all([(sql, params)])
         return rows
@@ -338,11 +305,8 @@ class SqlLedger(Ledger):
         limit: int = DEFAULT_LIMIT,
         after: str | None = None,
     ) -> UsagePage:
-        """Rollup sums of ``tenant`` (None: every tenant) for the hours starting in
-        ``[lo_ms, hi_ms)``, grouped by ``group_by`` (any of ``usage_query.DIMENSIONS``), in
-        group order, ``limit`` rows from after the cursor ``after``. Raises
-        ``UsageQueryError`` (naming the parameter) for a grouping, limit or cursor it
-        cannot answer."""
+        """One statement over ``usage_hourly`` (``usage_query.UsageQuery``): an index range
+        of the rollups' primary key, summed per group, the page's keyset after ``after``."""
         query = UsageQuery.build(self.dialect, tenant, lo_ms, hi_ms, group_by, limit=limit,
                                  after=after)
         if query.exhausted:
@@ -352,10 +316,9 @@ class SqlLedger(Ledger):
     async def export(
         self, from_ts: int, to_ts: int, tenant: str | None = None, *, chunk: int = 1000
     ) -> AsyncIterator[UsageRecord]:
-        """Records with ``from_ts <= ts_ms < to_ts`` (unix ms), one tenant or all; ordered by
-        tenant, then time, then request id. Read ``chunk`` records at a time, each chunk
-        starting after the last record of the one before (an index range on
-        ``(tenant, ts_ms)``), so memory stays at one chunk whatever the range."""
+        """Each chunk starts after the last record of the one before (an index range on
+        ``(tenant, ts_ms)``), so memory stays at one chunk whatever the range, and no
+        transaction is held between chunks."""
         # code-point order, like the rows (the database's own may follow a locale)
         tenants = [tenant] if tenant is not None else sorted(await self.tenants())
         for name in tenants:
@@ -389,9 +352,8 @@ class SqlLedger(Ledger):
         return sql, p.values
 
     async def drift(self, tenant: str, day: date) -> list[Drift]:
-        """Every (hour, group, counter) of ``tenant``'s UTC ``day`` where the rollups differ
-        from the sum of the records (both read in one snapshot, so records landing
-        meanwhile are on both sides or neither)."""
+        """The day's rollup rows and its records summed the same way (``drift.py``), both
+        read in one snapshot, so records landing meanwhile are on both sides or neither."""
         rollups, records = day_statements(self.dialect, tenant, day)
         rollup_rows, record_rows = await self._fetch_all([rollups, records])
         return compare(tenant, rollup_rows, record_rows)
@@ -417,29 +379,3 @@ def _date_of(ts_ms: int) -> date:
     "everything" reaches far past year 9999)."""
     days = min(max(ts_ms // _DAY_MS, 1 - _EPOCH_ORDINAL), date.max.toordinal() - _EPOCH_ORDINAL)
     return date.fromordinal(_EPOCH_ORDINAL + days)
-
-
-def _period_bounds(period: Period) -> tuple[int, int]:
-    """``[lo, hi)`` unix ms of a day (``d``) or a month (``m``) period."""
-    if period.kind == "d":
-        first = date.fromisoformat(period.label)
-        nxt = date.fromordinal(first.toordinal() + 1)
-    else:
-        first = date.fromisoformat(period.label + "-01")
-        nxt = (first.replace(day=28) + _FOUR_DAYS).replace(day=1)
-    epoch = date(1970, 1, 1).toordinal()
-    return (first.toordinal() - epoch) * _DAY_MS, (nxt.toordinal() - epoch) * _DAY_MS
-
-
-def _add_row(totals: dict[str, int], row: TotalsRow) -> None:
-    """Add one ``TotalsRow`` to a ``{model|class|batch|counter: int}`` map, as the records
-    themselves would (``aggregate.add_record``), so reconciliation compares like with like."""
-    _, model, cls, batch, *counters = row
-    probe = UsageRecord(request_id="", ts_ms=0, tenant="", model=model, request_class=cls,
-                        batch_id=batch or None)
-    prefix = field_prefix(probe)
-    for name, value in zip(COUNTERS, counters, strict=True):
-        if value:
-            key = prefix + name
-            totals[key] = totals.get(key, 0) + int(value)
-
