@@ -132,3 +132,20 @@ def test_the_ab_tool_names_sides_by_api_and_reports_b_over_a() -> None:
     text = report(s)
     assert "messages / chat (stream, 3 pairs)" in text and "CPU µs/chunk" in text
     assert quartiles([5.0]) == (5.0, 5.0, 5.0)
+
+
+def test_the_translation_profile_runs_every_path(capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.accounting.split import PromptCounter
+    from loadtest.bench.overhead import translation
+
+    counter = PromptCounter()
+    answer = translation.paths("responses", stream=False, piece=1 << 16, counter=counter)()
+    assert isinstance(answer, bytes)
+    assert payloads.check_response(answer, "application/json", stream=False,
+                                   api="responses") is None
+    for api in ("chat", *TRANSLATED):  # a stream's bytes sent, fed in small reads
+        sent = translation.paths(api, stream=True, piece=100, counter=counter)()
+        assert isinstance(sent, int) and sent > 0
+    assert translation.main(["--number", "2", "--repeat", "1", "--profile", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "stream: messages" in out and "non-stream: responses" in out
