@@ -16,6 +16,14 @@ backend's OTLP sink (``/v1/traces``, answered 200) unless their set-up names one
 ``--b OTEL_TRACES_EXPORTER=otlp`` exports spans to a live collector. Reported: the ratio of
 the summed requests (B/A) over all windows, the median of the per-pair ratios and their
 spread. Prints a table and writes JSON (``--out``).
+
+The two sides may also differ by the client API: ``--a-api chat --b-api messages`` sends side
+B the same request as an Anthropic Messages request (``responses``: an OpenAI Responses
+request), which the gateway translates to chat completions for the chat-only fixture backend
+and back; each side's answer is checked in its own API first. ``--stream`` measures streams
+of 64 chunks instead of whole answers. The CPU per request (and per chunk, for streams) of
+each side, and the per-pair ratios of it (B/A) with their quartiles, are the cost of the
+translation on the same build, same run.
 """
 
 from __future__ import annotations
@@ -58,8 +66,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--a", default="", help="environment of set-up A, 'NAME=VALUE ...'")
     p.add_argument("--b", default="", help="environment of set-up B, 'NAME=VALUE ...'")
-    p.add_argument("--a-name", default="A")
-    p.add_argument("--b-name", default="B")
+    p.add_argument("--a-name", default=None, help="label of A (default: its API if the "
+                   "sides' APIs differ, else 'A')")
+    p.add_argument("--b-name", default=None)
+    p.add_argument("--a-api", choices=sorted(payloads.API_PATHS), default="chat",
+                   help="the API set-up A's client speaks (chat)")
+    p.add_argument("--b-api", choices=sorted(payloads.API_PATHS), default="chat",
+                   help="the API set-up B's client speaks (chat); the backend speaks chat only")
+    p.add_argument("--stream", action="store_true",
+                   help="streamed requests (64 chunks each) instead of whole answers")
     p.add_argument("--quotas", action="store_true",
                    help="give the bench tenant a plan with every limit set (as the overhead "
                    "bench's --quotas)")
@@ -75,11 +90,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.pairs < 1 or args.duration < 1:
         p.error("--pairs and --duration must be >= 1")
+    differ = args.a_api != args.b_api
+    args.a_name = args.a_name or (args.a_api if differ else "A")
+    args.b_name = args.b_name or (args.b_api if differ else "B")
+    if args.a_name == args.b_name:
+        p.error("the two set-ups need different names (--a-name, --b-name)")
     return args
 
 
 def _start(args: argparse.Namespace, procs: ProcessSet, workdir: Path, env: dict[str, str],
-           backend_port: int, api_key: str, label: str) -> tuple[Any, int]:
+           backend_port: int, api_key: str, label: str, api: str) -> tuple[Any, int]:
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)  # the gateway child inherits it
     try:
@@ -94,21 +114,32 @@ def _start(args: argparse.Namespace, procs: ProcessSet, workdir: Path, env: dict
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
-    check_endpoint(port, stream=False, headers=headers)
+    check_endpoint(port, stream=args.stream, headers=payloads.request_headers(api_key, api),
+                   api=api)
     return gw, port
 
 
-def _window(args: argparse.Namespace, tools: dict[str, str], gw: Any, port: int, script: Path,
-            duration: int) -> dict[str, Any]:
-    url = f"http://{HOST}:{port}/v1/chat/completions"
+def _window(args: argparse.Namespace, tools: dict[str, str], gw: Any, port: int, api: str,
+            script: Path, duration: int) -> dict[str, Any]:
+    url = f"http://{HOST}:{port}{payloads.API_PATHS[api]}"
     before = _cpu_seconds(gw.proc.pid)
     result = wrk.run(tools["wrk"], url, script, connections=args.connections,
                      duration_s=duration, cpus=args.client_cpu or None)
     cpu = _cpu_seconds(gw.proc.pid) - before
-    requests = max(1, round(result.rps * duration))
+    if result.error_count:  # an error answer is cheap: it would pass for a fast request
+        raise RuntimeError(f"{gw.name}: {result.error_count} failed requests in a window "
+                           f"({result.errors}); see {gw.log}")
+    requests = max(1, result.requests)
     return {"rps": result.rps, "requests": requests, "p50_ms": result.p50_ms,
             "errors": result.errors, "cpu_s": cpu, "cpu_us_per_request": cpu / requests * 1e6}
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """First quartile, median, third quartile (one value: that value three times)."""
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4)
+    return q1, q2, q3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="overhead-ab-"))
     procs = ProcessSet()
     sides = {args.a_name: _env(args.a), args.b_name: _env(args.b)}
+    apis = {args.a_name: args.a_api, args.b_name: args.b_api}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     try:
         bj, bs = free_ports(2)
@@ -126,21 +158,26 @@ def main(argv: list[str] | None = None) -> int:
                     nginx.backend_config(workdir, ports, args.backend_cpu or None), ports,
                     args.backend_cpu or None)
         api_key = gateway.new_api_key()
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
-        script = workdir / "non-stream.lua"
-        script.write_text(wrk.lua_script(payloads.request_body(stream=False), headers))
+        mode = "stream" if args.stream else "non-stream"
+        scripts = {}
+        for name, api in apis.items():
+            scripts[name] = workdir / f"{mode}-{api}.lua"
+            scripts[name].write_text(wrk.lua_script(
+                payloads.request_body(stream=args.stream, api=api),
+                payloads.request_headers(api_key, api)))
         for env in sides.values():  # a live OTLP sink unless a side names another endpoint
             env.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://{HOST}:{ports.json}")
         names = list(sides)
-        live = {name: _start(args, procs, workdir, sides[name], ports.for_mode(False), api_key,
-                             name) for name in names}
+        live = {name: _start(args, procs, workdir, sides[name], ports.for_mode(args.stream),
+                             api_key, name, apis[name]) for name in names}
         if args.warmup:
             for name in names:
-                _window(args, tools, *live[name], script, args.warmup)
+                _window(args, tools, *live[name], apis[name], scripts[name], args.warmup)
         for i in range(args.pairs):
             order = names if i % 2 == 0 else names[::-1]
             for name in order:
-                run = _window(args, tools, *live[name], script, args.duration)
+                run = _window(args, tools, *live[name], apis[name], scripts[name],
+                              args.duration)
                 runs[name].append(run)
                 print(f"[ab] pair {i + 1:>2} {name:>12}: {run['rps']:>8,.0f} req/s  "
                       f"{run['cpu_us_per_request']:6.1f} µs CPU/request", flush=True)
@@ -148,33 +185,81 @@ def main(argv: list[str] | None = None) -> int:
         procs.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
     a, b = (runs[n] for n in names)
-    pair_ratios = [y["rps"] / x["rps"] for x, y in zip(a, b, strict=True)]
-    total = {n: sum(r["requests"] for r in runs[n]) for n in names}
-    cpu = {n: sum(r["cpu_s"] for r in runs[n]) / total[n] * 1e6 for n in names}
-    rps = {n: total[n] / (args.duration * args.pairs) for n in names}
-    summary = {
-        "a": {"name": names[0], "env": sides[names[0]], "runs": a, "rps": rps[names[0]],
-              "cpu_us_per_request": cpu[names[0]]},
-        "b": {"name": names[1], "env": sides[names[1]], "runs": b, "rps": rps[names[1]],
-              "cpu_us_per_request": cpu[names[1]]},
-        "ratio": total[names[1]] / total[names[0]],
-        "median_pair_ratio": statistics.median(pair_ratios),
-        "pair_ratios": pair_ratios,
-        "cpu_ratio": cpu[names[0]] / cpu[names[1]],
-        "window_s": args.duration,
-        "loadavg_end": os.getloadavg(),
-    }
-    print("\n| set-up | req/s (all windows) | CPU µs/request |\n|---|---:|---:|")
-    for n in names:
-        print(f"| {n} | {rps[n]:,.0f} | {cpu[n]:.1f} |")
-    q = statistics.quantiles(pair_ratios, n=4) if len(pair_ratios) > 1 else pair_ratios * 3
-    print(f"\n{names[1]} / {names[0]}: {summary['ratio']:.3f} by requests over all windows, "
-          f"{summary['cpu_ratio']:.3f} by CPU per request; per-pair ratios median "
-          f"{summary['median_pair_ratio']:.3f}, quartiles {q[0]:.3f} .. {q[2]:.3f}, range "
-          f"{min(pair_ratios):.3f} .. {max(pair_ratios):.3f}")
+    summary = summarize(names, sides, apis, a, b, window_s=args.duration, stream=args.stream)
+    print(report(summary))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
     return 0
+
+
+def summarize(names: list[str], sides: dict[str, dict[str, str]], apis: dict[str, str],
+              a: list[dict[str, Any]], b: list[dict[str, Any]], *, window_s: int,
+              stream: bool) -> dict[str, Any]:
+    """The run's figures: throughput and CPU per request of each side over all windows, and
+    the per-pair ratios B/A (requests/s, CPU per request) with their quartiles."""
+    runs = dict(zip(names, (a, b), strict=True))
+    pair_ratios = [y["rps"] / x["rps"] for x, y in zip(a, b, strict=True)]
+    cpu_pair_ratios = [y["cpu_us_per_request"] / x["cpu_us_per_request"]
+                       for x, y in zip(a, b, strict=True)]
+    total = {n: sum(r["requests"] for r in runs[n]) for n in names}
+    cpu = {n: sum(r["cpu_s"] for r in runs[n]) / total[n] * 1e6 for n in names}
+    rps = {n: total[n] / (window_s * len(runs[n])) for n in names}
+
+    def side(n: str) -> dict[str, Any]:
+        out = {"name": n, "api": apis[n], "env": sides[n], "runs": runs[n], "rps": rps[n],
+               "cpu_us_per_request": cpu[n]}
+        if stream:
+            out["cpu_us_per_chunk"] = cpu[n] / payloads.STREAM_CHUNKS
+        return out
+
+    return {
+        "a": side(names[0]),
+        "b": side(names[1]),
+        "mode": "stream" if stream else "non-stream",
+        "ratio": total[names[1]] / total[names[0]],
+        "median_pair_ratio": statistics.median(pair_ratios),
+        "pair_ratios": pair_ratios,
+        # A's CPU per request over B's (how much cheaper A is); see cpu_per_request_ratio
+        "cpu_ratio": cpu[names[0]] / cpu[names[1]],
+        # B's CPU per request over A's, over all windows, and per pair with quartiles
+        "cpu_per_request_ratio": cpu[names[1]] / cpu[names[0]],
+        "cpu_pair_ratios": cpu_pair_ratios,
+        "cpu_pair_quartiles": quartiles(cpu_pair_ratios),
+        "window_s": window_s,
+        "loadavg_end": os.getloadavg(),
+    }
+
+
+def report(summary: dict[str, Any]) -> str:
+    """The markdown table and the ratio lines of a summary."""
+    a, b = summary["a"], summary["b"]
+    stream = summary["mode"] == "stream"
+    head = "| set-up | API | req/s (all windows) | CPU µs/request |"
+    rule = "|---|---|---:|---:|"
+    if stream:
+        head += " CPU µs/chunk |"
+        rule += "---:|"
+    lines = ["", head, rule]
+    for s in (a, b):
+        row = f"| {s['name']} | {s['api']} | {s['rps']:,.0f} | {s['cpu_us_per_request']:.1f} |"
+        if stream:
+            row += f" {s['cpu_us_per_chunk']:.2f} |"
+        lines.append(row)
+    pr = summary["pair_ratios"]
+    q = quartiles(pr)
+    c1, c2, c3 = summary["cpu_pair_quartiles"]
+    cp = summary["cpu_pair_ratios"]
+    lines += [
+        "",
+        f"{b['name']} / {a['name']} ({summary['mode']}, {len(pr)} pairs): "
+        f"{summary['ratio']:.3f} by requests over all windows; per-pair ratios median "
+        f"{summary['median_pair_ratio']:.3f}, quartiles {q[0]:.3f} .. {q[2]:.3f}, range "
+        f"{min(pr):.3f} .. {max(pr):.3f}",
+        f"CPU per request {b['name']} / {a['name']}: {summary['cpu_per_request_ratio']:.3f} "
+        f"over all windows; per-pair median {c2:.3f}, quartiles {c1:.3f} .. {c3:.3f}, range "
+        f"{min(cp):.3f} .. {max(cp):.3f}",
+    ]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -185,17 +185,19 @@ def wait_http_ok(managed: Managed, port: int, path: str, timeout: float) -> None
     )
 
 
-def check_endpoint(port: int, *, stream: bool, headers: dict[str, str]) -> None:
-    """POST the benchmark request once and verify the answer is the expected fixture."""
+def check_endpoint(port: int, *, stream: bool, headers: dict[str, str], api: str = "chat"
+                   ) -> None:
+    """POST the benchmark request (in ``api``) once and verify the answer is the fixture's,
+    in that API's shape."""
     status, ctype, body = http_request(
         port,
         "POST",
-        "/v1/chat/completions",
-        payloads.request_body(stream=stream),
+        payloads.API_PATHS[api],
+        payloads.request_body(stream=stream, api=api),
         {"Content-Type": "application/json", **headers},
     )
     problem = f"HTTP {status}: {body[:300]!r}" if status != 200 else None
-    problem = problem or payloads.check_response(body, ctype, stream=stream)
+    problem = problem or payloads.check_response(body, ctype, stream=stream, api=api)
     if problem:
         mode = "stream" if stream else "non-stream"
-        raise RuntimeError(f"sanity check failed on :{port} ({mode}): {problem}")
+        raise RuntimeError(f"sanity check failed on :{port} ({api}, {mode}): {problem}")

@@ -1,0 +1,142 @@
+"""Where a translated request's CPU goes: the translation steps timed and profiled in-process.
+
+``python -m loadtest.bench.overhead.translation`` runs, in this process and without sockets,
+the steps in which a Messages or Responses request to a chat-only backend differs from a chat
+completion of the same content (the overhead bench's request and fixture answers):
+
+* ``chat``: the chat request parsed (``parse_request``); a stream is read by the usage
+  scanner (``StreamScanner``) as the relay reads it;
+* ``messages`` / ``responses``: the request decoded, checked and translated
+  (``parse_translated``), the chat body encoded for the backend, the prompt counted (a
+  translated stream reports input tokens up front), and the answer translated back
+  (``Upstream.answer``), or the stream through ``TranslatingScanner`` (the usage scanner, then
+  the front-end's ``StreamTranslator``).
+
+It prints the µs per request of each path (median of ``--repeat`` timings of ``--number``
+runs), the difference to chat, and with ``--profile`` the top functions of a cProfile run of
+the translated path (tottime), to set against the gateway's CPU per request measured by
+``loadtest.bench.overhead.ab``. The stream is fed as one read (the fixture is ~12 KB) or in
+``--piece``-byte reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from gateway.accounting import StreamScanner
+from gateway.accounting.meter import count_prompt
+from gateway.accounting.split import PromptCounter
+from gateway.apis.plan import Upstream
+from gateway.apis.registry import FRONTENDS, parse_translated
+from gateway.apis.translate import TranslatingScanner
+from gateway.request.parse import ENDPOINTS, parse_request
+
+from . import payloads
+
+__all__ = ["main", "paths"]
+
+_encode = msgspec.json.encode
+
+
+def _feed(scanner: StreamScanner | TranslatingScanner, sse: bytes, piece: int) -> int:
+    sent = sum(len(scanner.feed(sse[i:i + piece])) for i in range(0, len(sse), piece))
+    return sent + len(scanner.flush())
+
+
+def paths(api: str, *, stream: bool, piece: int, counter: PromptCounter
+          ) -> Callable[[], object]:
+    """One request's gateway-side work of ``api`` that differs between the paths."""
+    body = payloads.request_body(stream=stream, api=api).encode()
+    answer = payloads.completion_body().encode()
+    sse = payloads.sse_body().encode()
+    if api == "chat":
+        endpoint = ENDPOINTS[payloads.API_PATHS["chat"]]
+
+        def chat() -> object:
+            parsed = parse_request(body, endpoint)
+            if stream:
+                return _feed(StreamScanner(strip_usage=True), sse, piece)
+            return parsed
+
+        return chat
+    frontend = FRONTENDS[api]
+
+    def translated() -> object:
+        parsed, _ = parse_translated(body, frontend)
+        chat = dict(parsed.payload)
+        chat["model"] = parsed.model
+        upstream = _encode(chat)
+        if stream:
+            tokens = count_prompt(counter, "chat", parsed.payload).total
+            translator = frontend.stream(model=parsed.model, request_id="req-bench",
+                                         prompt_tokens=tokens, request=parsed.native)
+            return _feed(TranslatingScanner(StreamScanner(strip_usage=False), translator), sse,
+                         piece)
+        plan = Upstream(frontend, False, "/v1/chat/completions", upstream, None, None,
+                        parsed.model, "req-bench", "openai", parsed.native)
+        return plan.answer(200, answer)
+
+    return translated
+
+
+def _time(fn: Callable[[], object], number: int, repeat: int) -> float:
+    """Median CPU µs per call over ``repeat`` timings of ``number`` calls (CPU time, so a
+    loaded machine slows it less than the wall clock)."""
+    fn()
+    runs = []
+    for _ in range(repeat):
+        start = time.process_time()
+        for _ in range(number):
+            fn()
+        runs.append((time.process_time() - start) / number * 1e6)
+    return statistics.median(runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench.overhead.translation",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--number", type=int, default=2000, help="calls per timing (2000)")
+    p.add_argument("--repeat", type=int, default=7, help="timings per path (7)")
+    p.add_argument("--piece", type=int, default=1 << 16,
+                   help="bytes per stream read (65536: the whole fixture at once)")
+    p.add_argument("--profile", type=int, default=15, metavar="N",
+                   help="show the top N functions of each translated path (0: none)")
+    p.add_argument("--encoding", default="o200k_base",
+                   help="the prompt counter's encoding (o200k_base, the models' default)")
+    args = p.parse_args(argv)
+    counter = PromptCounter(args.encoding)
+    for stream in (False, True):
+        mode = "stream" if stream else "non-stream"
+        base = _time(paths("chat", stream=stream, piece=args.piece, counter=counter),
+                     args.number, args.repeat)
+        print(f"\n{mode}: chat {base:.1f} µs per request")
+        for api in sorted(FRONTENDS):
+            fn = paths(api, stream=stream, piece=args.piece, counter=counter)
+            us = _time(fn, args.number, args.repeat)
+            extra = f", {(us - base) / payloads.STREAM_CHUNKS:.2f} µs more per chunk" \
+                if stream else ""
+            print(f"{mode}: {api} {us:.1f} µs per request, {us - base:+.1f} µs vs chat{extra}")
+            if args.profile:
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(args.number):
+                    fn()
+                prof.disable()
+                out = io.StringIO()
+                stats = pstats.Stats(prof, stream=out)
+                stats.sort_stats("tottime").print_stats(args.profile)
+                print("\n".join(ln for ln in out.getvalue().splitlines()[6:] if ln.strip()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
