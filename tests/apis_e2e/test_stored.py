@@ -195,3 +195,20 @@ def test_expired_responses_are_gone(tmp_path: Path, sim: SimServer) -> None:
             time.sleep(0.2)
         with pytest.raises(openai.NotFoundError):
             c.responses.create(model="chat-model", input="x", previous_response_id=made.id)
+
+
+def test_a_stream_is_stored_from_its_final_event(gw: GatewayProcess) -> None:
+    """Translated or passed through, a streamed response is kept as its terminal event
+    carried it (with the public model name), and continues like a whole one."""
+    c = client(gw)
+    events = list(c.responses.create(model="chat-model", input="Hi", stream=True,
+                                     max_output_tokens=6))
+    final = events[-1].response  # type: ignore[union-attr]
+    got = c.responses.retrieve(final.id)
+    assert got.output_text == final.output_text and got.model == "chat-model"
+    assert got.usage is not None and got.usage.output_tokens == 6
+    follow = c.responses.create(model="chat-model", input="More", previous_response_id=got.id,
+                                max_output_tokens=3)
+    assert follow.previous_response_id == got.id
+    (record,) = records(gw, 1)
+    assert record["history"] > 0
