@@ -40,7 +40,13 @@ import msgspec
 from gateway.accounting import StreamScanner, request_usage
 from gateway.accounting.meter import count_prompt, meter, meter_failed
 from gateway.apis.plan import CHAT_PATH, Upstream, plan_upstream
-from gateway.apis.registry import frontend_for, parse_translated, send_api_error
+from gateway.apis.registry import (
+    decode_native,
+    frontend_for,
+    send_api_error,
+    translate_native,
+)
+from gateway.apis.responses.store import continued, keeper
 from gateway.context import RequestContext, client_request_id, new_request_id
 from gateway.errors import (
     GatewayError,
@@ -71,6 +77,7 @@ if TYPE_CHECKING:
     from gateway.config import Model
     from gateway.http.base import UpstreamClient
     from gateway.ledger import Ledger, UsageRecord
+    from gateway.ledger.sql.responses import ResponseStore
     from gateway.quota import QuotaStore
     from gateway.request.parse import Endpoint, ParsedRequest
     from gateway.runtime import Runtime
@@ -104,6 +111,8 @@ class Services:
     counter: Callable[[str], PromptCounter]
     finished: Callable[[RequestContext, RequestSpan], None]
     settle_later: Callable[[Coroutine[Any, Any, None]], None]
+    #: stored responses (Responses API ``store``, ``previous_response_id``); None: none kept
+    responses: ResponseStore | None = None
 
 
 class Inbound:
@@ -195,7 +204,10 @@ class Pipeline:
             if frontend is None:
                 parsed = parse_request(body, inbound.endpoint)
             else:  # Responses, Messages: checked in their shape, carried as chat
-                parsed, _ = parse_translated(body, frontend)
+                native = decode_native(body)
+                earlier = await continued(services.responses, frontend, ctx.tenant or "",
+                                          native)  # a stored conversation it continues
+                parsed, _ = translate_native(native, frontend, earlier)
             inbound.on_body_read(ctx)
             model = _model(runtime, parsed)
             ctx.request_model, ctx.stream = parsed.model, parsed.stream
@@ -273,6 +285,9 @@ class Pipeline:
                     lambda: _prompt_tokens(admitted, counter, parsed))
                 path, body, scanner, shape = plan.path, plan.body, plan.scanner, plan.shape
                 renamer = None
+            keep = None if frontend is None else keeper(
+                services.responses, frontend, parsed, plan, ctx.tenant or "",
+                runtime.policy.store.responses_ttl_hours)  # a stored response's save
             headers = span.propagate(outbound_headers(inbound.headers, ctx))
             # 5. shadow (admitted requests only: a 429 is never mirrored)
             if model.shadow is not None:
@@ -292,7 +307,8 @@ class Pipeline:
                     forwarded.body = renamer.whole(forwarded.body)
 
             async def finish() -> None:
-                """7-8 before the response's last bytes: meter, then the durable record."""
+                """7-8 before the response's last bytes: meter, then the durable record (and
+                a stored response, saved beside it)."""
                 ctx.usage = await meter(
                     counter, endpoint.operation, parsed.payload, size,
                     admitted.split if admitted is not None else None,
@@ -304,7 +320,10 @@ class Pipeline:
                         admitted.split if admitted is not None else None, ctx.usage,
                         price=price, batch=ctx.request_class == "batch",
                         bill_failed=runtime.prices.bill_failed)
-                await self._record(runtime, ctx)
+                if keep is not None and ctx.outcome == "completed" and ctx.status < 400:
+                    await asyncio.gather(self._record(runtime, ctx), keep(forwarded.body))
+                else:
+                    await self._record(runtime, ctx)
 
             try:
                 await relay_response(forwarded, ctx, send, answer, scanner, finish)

@@ -180,7 +180,9 @@ def _v1_paths() -> dict[str, Any]:
     file_id = _param("file_id", "path", _STR)
     batch_id = _param("batch_id", "path", _STR)
     model_id = _param("model_id", "path", _STR)
+    response_id = _param("response_id", "path", _STR)
     read = _errors("401", "404")
+    stored = _errors("401", "404", "503")
     upload = {"multipart/form-data": {"schema": {
         "type": "object", "required": ["file", "purpose"],
         "properties": {"file": {"type": "string", "format": "binary"},
@@ -201,6 +203,26 @@ def _v1_paths() -> dict[str, Any]:
             "200": _ok("A list of models"), **_errors("401")}, _API, op_id="listModels")},
         "/v1/models/{model_id}": {"get": _op("One model", {
             "200": _ok("The model"), **read}, _API, params=[model_id], op_id="getModel")},
+        "/v1/responses/{response_id}": {
+            "get": _op("A stored response of the caller's tenant (Responses API, store: true)",
+                       {"200": _ok("The response object"), **stored}, _API,
+                       params=[response_id], op_id="getResponse"),
+            "delete": _op("Delete a stored response", {
+                "200": _ok("Deleted: {id, object: response, deleted: true}"), **stored}, _API,
+                params=[response_id], op_id="deleteResponse"),
+        },
+        "/v1/responses/{response_id}/input_items": {"get": _op(
+            "The input items of a stored response's request, a page at a time", {
+                "200": _ok("A list of input items"), **_errors("400", "401", "404", "503")},
+            _API, params=[
+                response_id,
+                _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 100},
+                       description="items per page (default 20)"),
+                _param("order", "query", {"type": "string", "enum": ["asc", "desc"]},
+                       description="default desc"),
+                _param("after", "query", _STR, description="an item id"),
+                _param("before", "query", _STR, description="an item id")],
+            op_id="listResponseInputItems")},
         "/v1/files": {"post": _op("Upload a batch input file (JSONL, validated line by line)", {
             "200": _ok("The file object"), **_errors("400", "401", "413")}, _API,
             body=upload, op_id="uploadFile")},

@@ -4,10 +4,14 @@ A request passes through unchanged (its own API's path, the client's body with t
 model name) when every backend of the pool it was routed to speaks its API (``api:`` on the
 backend); otherwise the chat translation goes to ``/v1/chat/completions`` and the answer is
 translated back. The pool decides, not the backend, because a retry may move the request to
-another backend of the pool before the first byte.
+another backend of the pool before the first byte. A Responses request that continues a stored
+response (``previous_response_id``) is always translated: the gateway rebuilt its conversation
+from its own store, and a backend would not know the gateway's ids.
 
 ``Upstream.answer`` turns a whole answer into the client's body; ``Upstream.metered`` is what
-the meter reads (the backend's own answer, in its own usage shape).
+the meter reads (the backend's own answer, in its own usage shape); ``Upstream.final`` is the
+answer as the client's API object once it is complete (a whole body, or a stream's last event),
+for the stored response.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ if TYPE_CHECKING:
 
     from gateway.accounting import Scanner
     from gateway.accounting.usage import Shape
-    from gateway.apis.base import Frontend
+    from gateway.apis.base import Frontend, StreamTranslator
     from gateway.request.parse import ParsedRequest
     from gateway.routing.pool import PoolState
 
@@ -63,6 +67,10 @@ class Upstream:
     shape: Shape
     #: the client's request as sent (answers of some APIs echo its settings)
     request: dict[str, Any] | None = None
+    #: a translated stream's translator (its ``final`` object, once the stream is complete)
+    translator: StreamTranslator | None = None
+    #: the last whole answer ``answer`` translated, as an object
+    answered: dict[str, Any] | None = None
 
     def answer(self, status: int, body: bytes) -> bytes:
         """The client's body for a whole answer of the backend."""
@@ -76,8 +84,26 @@ class Upstream:
             return self.frontend.error(_backend_error(502, b""))[1]
         if not isinstance(chat, dict):
             return self.frontend.error(_backend_error(502, b""))[1]
-        return _encode(self.frontend.answer(chat, model=self.model, request_id=self.request_id,
-                                            request=self.request))
+        self.answered = self.frontend.answer(chat, model=self.model,
+                                             request_id=self.request_id, request=self.request)
+        return _encode(self.answered)
+
+    def final(self, body: bytes | None) -> dict[str, Any] | None:
+        """The complete answer as the client's API object: the stream's last event (None if
+        it never came), or the whole ``body`` the client received."""
+        if body is None:  # a stream
+            source = self.translator if not self.native else self.scanner
+            final = getattr(source, "final", None)
+            if not isinstance(final, dict):
+                return None
+            return {**final, "model": self.model} if self.native else final
+        if self.answered is not None:
+            return self.answered
+        try:
+            data = _decode(body)
+        except msgspec.DecodeError:
+            return None
+        return data if isinstance(data, dict) else None
 
 
 def speaks(pool: PoolState, api: str) -> bool:
@@ -97,7 +123,8 @@ def plan_upstream(
     stream's scanner and the model renamer that go with it."""
     renamer = ModelRenamer(upstream_model, parsed.model) if upstream_model != parsed.model \
         else None
-    if speaks(pool, frontend.name) and parsed.native is not None:
+    if (speaks(pool, frontend.name) and parsed.native is not None
+            and parsed.native.get("previous_response_id") is None):
         native = dict(parsed.native)
         native["model"] = upstream_model
         scanner: Scanner | None = None
@@ -116,18 +143,27 @@ def plan_upstream(
                                      prompt_tokens=prompt_tokens(), request=parsed.native)
         scanner = TranslatingScanner(StreamScanner(strip_usage=False), translator)
     return Upstream(frontend, False, CHAT_PATH, _encode(chat), scanner, None, parsed.model,
-                    request_id, "openai", parsed.native)
+                    request_id, "openai", parsed.native,
+                    translator if parsed.stream else None)
 
 
 class _RenamedNative(NativeStreamScanner):
-    """A passed-through stream read for usage, with the backend's model name rewritten."""
+    """A passed-through stream read for usage, with the backend's model name rewritten;
+    ``final``: a Responses stream's terminal object (for the stored response)."""
 
-    __slots__ = ("_renamer",)
+    __slots__ = ("_renamer", "final")
 
     def __init__(self, api: str, renamer: ModelRenamer | None,
                  on_error: Callable[[GatewayError], bytes]) -> None:
         super().__init__(api, on_error=on_error)
         self._renamer = renamer
+        self.final: dict[str, Any] | None = None
+
+    def _responses_event(self, kind: Any, event: dict[str, Any]) -> None:
+        super()._responses_event(kind, event)
+        if kind in ("response.completed", "response.incomplete"):
+            response = event.get("response")
+            self.final = response if isinstance(response, dict) else None
 
     def feed(self, chunk: bytes) -> bytes:
         out = super().feed(chunk)

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from gateway.errors import GatewayError
     from gateway.types import RawHeaders, Send
 
-__all__ = ["FRONTENDS", "frontend_for", "parse_translated", "send_api_error"]
+__all__ = ["FRONTENDS", "decode_native", "frontend_for", "parse_translated", "send_api_error",
+           "translate_native"]
 
 FRONTENDS: dict[str, Frontend] = {f.name: f for f in (MessagesFrontend(), ResponsesFrontend())}
 
@@ -33,9 +34,20 @@ def parse_translated(body: bytes, frontend: Frontend,
                      ) -> tuple[ParsedRequest, Translated]:
     """Decode a request of ``frontend``'s API and translate it: the parsed request carries the
     chat payload (what quotas, routing and accounting read) and the client's own payload."""
+    return translate_native(decode_native(body), frontend, earlier)
+
+
+def decode_native(body: bytes) -> dict[str, Any]:
+    """A front-end request's JSON object (a 400 for an empty body or anything else)."""
     if not body:
         raise InvalidRequest("request body is empty; expected a JSON object")
-    native = decode_object(body)
+    return decode_object(body)
+
+
+def translate_native(native: dict[str, Any], frontend: Frontend,
+                     earlier: list[dict[str, Any]] | None = None
+                     ) -> tuple[ParsedRequest, Translated]:
+    """``parse_translated`` for a request already decoded (``decode_native``)."""
     translated = frontend.translate(native, earlier)
     parsed = ParsedRequest(translated.chat, translated.model, translated.stream)
     parsed.native = native

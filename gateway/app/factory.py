@@ -28,6 +28,8 @@ from gateway.api.health import Readiness
 from gateway.api.models import ModelsHandler
 from gateway.api.openapi import openapi_handlers
 from gateway.api.proxy import ProxyHandler
+from gateway.api.stored_responses import PREFIX as STORED_PREFIX
+from gateway.api.stored_responses import StoredResponsesHandler
 from gateway.api.usage import usage_handlers
 from gateway.app.state import METRICS_TOKEN_ENV, Gateway
 from gateway.config import PolicyError, load_policy
@@ -135,6 +137,8 @@ class GatewayApp(Litestar):
     """
 
     fast_routes: dict[str, ASGIApp]
+    #: (path prefix, handler): served before the framework too, for a path under the prefix
+    prefix_routes: tuple[tuple[str, ASGIApp], ...] = ()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
         if scope["type"] == "http":
@@ -143,6 +147,10 @@ class GatewayApp(Litestar):
             if handler is not None:
                 await handler(scope, receive, send)  # answers its own errors, 500 included
                 return
+            for prefix, handler in self.prefix_routes:
+                if path.startswith(prefix):
+                    await handler(scope, receive, send)
+                    return
             if is_admin_path(path):  # one gate for the whole admin tree, before routing
                 refused = admin_gate(scope)
                 if refused is not None:
@@ -247,6 +255,9 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
     )
     app.state.gateway = gateway
     app.fast_routes = fast_routes
+    # stored responses (Responses API): retrieve, delete, input items; dispatched by prefix,
+    # since /v1/responses itself is a proxied route (no framework mount can sit on it)
+    app.prefix_routes = ((STORED_PREFIX, StoredResponsesHandler(current, gateway.responses)),)
     return app
 
 

@@ -26,6 +26,7 @@ from gateway.config import PolicyError, load_policy
 from gateway.http.base import make_upstream
 from gateway.ledger import LedgerSettings
 from gateway.ledger.sql import open_ledger
+from gateway.ledger.sql.responses import ResponseStore
 from gateway.pipeline import Inbound, LineAnswer, Pipeline, Services
 from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, RedisQuotaStore
 from gateway.request.parse import ENDPOINTS
@@ -132,6 +133,9 @@ class Gateway:
             server.upstream_client, server.timeouts, server.keepalive_per_backend
         )
         self.ledger = make_ledger(policy.store)
+        #: stored responses (Responses API), in the ledger's database; its expiry runs in the
+        #: ledger's maintenance task
+        self.responses = ResponseStore(self.ledger)
         self.tracing = RequestTracing.from_env()
         self.metrics = Metrics(
             enabled=os.environ.get("GATEWAY_METRICS", "on").lower() not in ("off", "0", "false"),
@@ -174,6 +178,7 @@ class Gateway:
             upstream=self.upstream, quota=self.quota, ledger=self.ledger,
             tracing=self.tracing, metrics=self.metrics, mirror=self.mirror,
             counter=self.counter, finished=self.finished, settle_later=self.settle_later,
+            responses=self.responses,
         ))
         #: batch lines run through the same pipeline as live requests
         self.batch_runner = BatchRunner(self, self.batches, line_executor(self.pipeline))

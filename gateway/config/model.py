@@ -488,6 +488,9 @@ class Store(_Base, frozen=True):
     #: days raw usage records are kept (whole day partitions are dropped); the hourly
     #: rollups that usage queries read are kept
     usage_retention_days: PositiveInt = 90
+    #: hours a stored response (Responses API ``store: true``, the default) can be retrieved
+    #: and continued with ``previous_response_id``; 720 = 30 days, as OpenAI keeps them
+    responses_ttl_hours: PositiveFloat = 720.0
 
 
 # --- batch jobs (issue 9) -------------------------------------------------------------------

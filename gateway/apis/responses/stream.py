@@ -22,7 +22,8 @@ call it had left (no known backend does) has those arguments added to the final 
 since that call's ``done`` events are already out. ``data: [DONE]``, or the end of the stream
 without it (``finish``), writes the last event: ``response.completed`` with the whole response,
 or ``response.incomplete`` when the backend stopped at ``length`` / ``content_filter`` (OpenAI's
-terminal event for an incomplete response). Its usage is the backend's usage chunk (the
+terminal event for an incomplete response); that object stays readable as ``final``, for the
+stored response. Its usage is the backend's usage chunk (the
 translation asks for it with ``include_usage``), or null when the backend sent none. The final
 object is built by the same code as the non-streamed answer, so both are equal for the same
 chat answer.
@@ -160,6 +161,10 @@ class ResponsesStream(StreamTranslator):
         self.usage: BackendUsage | None = None
         #: chat events that were not JSON (skipped)
         self.malformed = 0
+        #: the whole response the terminal event carried (``response.completed`` or
+        #: ``response.incomplete``): what a stored response keeps; None until then, and for a
+        #: stream that failed
+        self.final: dict[str, Any] | None = None
 
     # -- the contract -------------------------------------------------------------------------
 
@@ -281,6 +286,7 @@ class ResponsesStream(StreamTranslator):
         response = self._snapshot("completed" if incomplete is None else "incomplete",
                                   self._output, responses_usage(self.usage), incomplete)
         kind = "response.completed" if incomplete is None else "response.incomplete"
+        self.final = response
         out.append(self._emit(kind, {"response": response}))
         self._closed = True
 

@@ -14,6 +14,10 @@ migrated it: upgrade this one).
 2. ``usage_hourly``: the rollups, back-filled from the records already there; maintained from
    then on in the same transaction as the records (PostgreSQL: the store's insert statement;
    SQLite: a trigger on insert).
+3. ``stored_responses``: the Responses API's stored responses (``store: true``), one row per
+   response id with its tenant, its expiry (indexed, for the retention sweep), the client's
+   request, the chat messages it was translated to and the response object, each as JSON
+   text (read and written by ``responses.py``).
 """
 
 from __future__ import annotations
@@ -143,11 +147,24 @@ END;
 """
 
 
+# -- 3: stored responses -----------------------------------------------------------------------
+def _stored_responses(text: str, bigint: str) -> str:
+    return f"""
+CREATE TABLE stored_responses (
+    id {text} PRIMARY KEY, tenant {text} NOT NULL, created_ms {bigint} NOT NULL,
+    expires_ms {bigint} NOT NULL, request {text} NOT NULL, messages {text} NOT NULL,
+    answer {text} NOT NULL);
+CREATE INDEX stored_responses_expires ON stored_responses (expires_ms);
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "usage records", _SCHEMA_TABLE_PG + _RECORDS_PG,
               _SCHEMA_TABLE_SQLITE + _RECORDS_SQLITE),
     Migration(2, "hourly rollups", _rollup_table("text", "bigint") + _backfill("estimated"),
               _rollup_table("TEXT", "INTEGER") + _backfill("estimated") + _sqlite_trigger()),
+    Migration(3, "stored responses", _stored_responses("text", "bigint"),
+              _stored_responses("TEXT", "INTEGER")),
 )
 
 #: the schema version this gateway reads and writes

@@ -39,7 +39,7 @@ from gateway.ledger.sql.usage_query import DEFAULT_LIMIT, UsageQuery
 from gateway.timers.backoff import Backoff
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
     from gateway.ledger.sql.drift import Drift
     from gateway.ledger.sql.migrations import Dialect
@@ -84,6 +84,8 @@ class SqlLedger(Ledger):
         self._backoff = Backoff(maximum=2.0)
         self._tasks: list[asyncio.Task[None]] = []
         self._replay_lock = asyncio.Lock()
+        #: more retention sweeps of the same database (stored responses), run after ``expire``
+        self.sweeps: list[Callable[[], Awaitable[object]]] = []
 
     def __repr__(self) -> str:
         st = self.stats
@@ -287,6 +289,12 @@ class SqlLedger(Ledger):
                     await self.expire()
             except Exception:
                 log.exception("ledger: retention failed")
+            for sweep in self.sweeps:
+                try:
+                    if self._backoff.allow():
+                        await sweep()
+                except Exception:
+                    log.exception("ledger: retention sweep %r failed", sweep)
             await asyncio.sleep(_MAINTAIN_EVERY)
 
     # -- reading ------------------------------------------------------------------------------

@@ -1,0 +1,169 @@
+"""Stored responses (the Responses API's ``store: true``) in the ledger's own database.
+
+One row of ``stored_responses`` (migration 3) per response id: the tenant it belongs to, when
+it was made and when it expires, the client's request, the chat messages the request was
+translated to (earlier turns included, so a ``previous_response_id`` chain is rebuilt from one
+row, never by walking back through the chain) and the response object, each as JSON text.
+
+Every read and delete is scoped by tenant: another tenant's id is "not found", exactly like
+an id that never existed, so an id reveals nothing across tenants. An expired row is not found
+either, whether or not the retention sweep (``expire``, run by the ledger's maintenance task)
+has deleted it yet.
+
+The statements run on the ledger's own connections (SQLite: its writer and reader threads;
+PostgreSQL: its pool), so the store adds no connection of its own; a database that is away
+raises ``LedgerUnavailable``, as the ledger's reads do. Each write is one autocommitted
+statement: durable when the call returns (SQLite ``synchronous=FULL``, PostgreSQL's commit).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import msgspec
+
+from gateway.ledger.sql.params import Params
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from gateway.ledger.sql.postgres import PostgresLedger
+    from gateway.ledger.sql.sqlite import SqliteLedger
+    from gateway.ledger.sql.store import SqlLedger
+
+__all__ = ["EXPIRE_BATCH", "ResponseStore", "StoredResponse"]
+
+#: rows one statement of the retention sweep deletes at most (a sweep repeats until done), so
+#: a long-idle store never holds one huge transaction
+EXPIRE_BATCH = 5000
+_encode = msgspec.json.encode
+_decode = msgspec.json.decode
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """One stored response, decoded."""
+
+    id: str
+    tenant: str
+    created_ms: int
+    expires_ms: int
+    #: the client's Responses request, as sent
+    request: dict[str, Any]
+    #: the chat messages the request was translated to (earlier turns included)
+    messages: list[dict[str, Any]]
+    #: the response object the client received
+    answer: dict[str, Any]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ResponseStore:
+    """``put`` / ``get`` / ``delete`` per tenant, and ``expire`` for the retention sweep."""
+
+    def __init__(self, ledger: SqlLedger) -> None:
+        self.ledger = ledger
+        self.dialect = ledger.dialect
+        ledger.sweeps.append(self.expire)  # the ledger's maintenance task sweeps the expired
+
+    def __repr__(self) -> str:
+        return f"<ResponseStore [{self.dialect}]>"
+
+    async def put(
+        self,
+        tenant: str,
+        response_id: str,
+        *,
+        request: Mapping[str, Any],
+        messages: Sequence[Mapping[str, Any]],
+        answer: Mapping[str, Any],
+        ttl_ms: int,
+        now_ms: int | None = None,
+    ) -> bool:
+        """Store (or replace) a response of ``tenant``, kept for ``ttl_ms``. An id another
+        tenant holds is left alone (False): ids are the gateway's own, so only a backend's
+        pass-through id could ever collide."""
+        now = _now_ms() if now_ms is None else now_ms
+        p = Params(self.dialect)
+        values = ", ".join((
+            p.add(response_id, "text"), p.add(tenant, "text"), p.add(now, "bigint"),
+            p.add(now + ttl_ms, "bigint"), p.add(_encode(request).decode(), "text"),
+            p.add(_encode(messages).decode(), "text"), p.add(_encode(answer).decode(), "text")))
+        sql = ("INSERT INTO stored_responses (id, tenant, created_ms, expires_ms, request, "
+               f"messages, answer) VALUES ({values}) ON CONFLICT (id) DO UPDATE SET "
+               "created_ms = excluded.created_ms, expires_ms = excluded.expires_ms, "
+               "request = excluded.request, messages = excluded.messages, "
+               "answer = excluded.answer WHERE stored_responses.tenant = excluded.tenant")
+        return await self._write(sql, p.values) == 1
+
+    async def get(self, tenant: str, response_id: str, *, now_ms: int | None = None
+                  ) -> StoredResponse | None:
+        """``tenant``'s response ``response_id``; None when missing, expired or another's."""
+        p = Params(self.dialect)
+        sql = ("SELECT created_ms, expires_ms, request, messages, answer FROM stored_responses "
+               f"WHERE id = {p.add(response_id, 'text')} AND tenant = {p.add(tenant, 'text')} "
+               f"AND expires_ms > {p.add(_now_ms() if now_ms is None else now_ms, 'bigint')}")
+        row = await self._read_one(sql, p.values)
+        if row is None:
+            return None
+        created, expires, request, messages, answer = row
+        return StoredResponse(response_id, tenant, int(created), int(expires), _decode(request),
+                              _decode(messages), _decode(answer))
+
+    async def delete(self, tenant: str, response_id: str, *, now_ms: int | None = None
+                     ) -> bool:
+        """Delete ``tenant``'s response; False when there was none to delete (missing,
+        expired or another tenant's)."""
+        p = Params(self.dialect)
+        sql = (f"DELETE FROM stored_responses WHERE id = {p.add(response_id, 'text')} "
+               f"AND tenant = {p.add(tenant, 'text')} "
+               f"AND expires_ms > {p.add(_now_ms() if now_ms is None else now_ms, 'bigint')}")
+        return await self._write(sql, p.values) == 1
+
+    async def expire(self, *, now_ms: int | None = None) -> int:
+        """Delete every expired response (an index range on ``expires_ms``, ``EXPIRE_BATCH``
+        rows a statement); returns how many went."""
+        now = _now_ms() if now_ms is None else now_ms
+        total = 0
+        while True:
+            p = Params(self.dialect)
+            sql = ("DELETE FROM stored_responses WHERE id IN (SELECT id FROM stored_responses "
+                   f"WHERE expires_ms <= {p.add(now, 'bigint')} "
+                   f"LIMIT {p.add(EXPIRE_BATCH, 'bigint')})")
+            gone = await self._write(sql, p.values)
+            total += gone
+            if gone < EXPIRE_BATCH:
+                return total
+
+    # -- the ledger's connections ------------------------------------------------------------
+
+    async def _write(self, sql: str, values: Sequence[Any]) -> int:
+        """One autocommitted statement; the rows it changed."""
+        if self.dialect == "sqlite":
+            ledger = cast("SqliteLedger", self.ledger)
+            args = tuple(values)
+            return await ledger._on(ledger._writer,
+                                    lambda: _rowcount(ledger._w().execute(sql, args)))
+        pg = cast("PostgresLedger", self.ledger)
+        status: str = await pg._run("execute", sql, *values)
+        return int(status.rsplit(" ", 1)[-1])  # "INSERT 0 1", "DELETE 3"
+
+    async def _read_one(self, sql: str, values: Sequence[Any]) -> tuple[Any, ...] | None:
+        if self.dialect == "sqlite":
+            ledger = cast("SqliteLedger", self.ledger)
+            args = tuple(values)
+            row = await ledger._on(ledger._reader,
+                                   lambda: ledger._r().execute(sql, args).fetchone())
+            return tuple(row) if row is not None else None
+        pg = cast("PostgresLedger", self.ledger)
+        record = await pg._run("fetchrow", sql, *values)
+        return tuple(record) if record is not None else None
+
+
+def _rowcount(cursor: sqlite3.Cursor) -> int:
+    return cursor.rowcount
