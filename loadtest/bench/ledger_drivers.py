@@ -24,17 +24,20 @@ and for each batch size writes batches of fresh records, one batch at a time on 
   usage_records SELECT * FROM stage ON CONFLICT DO NOTHING``, in one transaction: COPY made
   idempotent;
 
-and the two with the hourly rollups, i.e. the whole flush:
+and the ones that write the hourly rollups too, i.e. the whole flush:
 
 * asyncpg ``store``: ``PostgresLedger._insert``, the ledger's own flush (one ``unnest``
   statement: the records with ``ON CONFLICT DO NOTHING``, and the new ones summed into
   ``usage_hourly`` in the same statement); psycopg ``store``: that same statement sent by psycopg
   (binary parameters);
 * ``stage+rollup``: COPY into the temporary table, then the store's statement reading the stage
-  instead of the arrays, in one transaction.
+  instead of the arrays, in one transaction;
+* ``json+rollup`` (and asyncpg ``json``, records only): the batch as one parameter, the records
+  encoded by msgspec as the spool already encodes them, read by ``json_to_recordset`` on the
+  server, then the store's statement unchanged from there: one statement, one round trip.
 
-The plain methods write ``usage_records`` only (the driver's part); the ``store`` and
-``stage+rollup`` rows are what a flush costs with the rollups.
+The plain methods write ``usage_records`` only (the driver's part); ``store``, ``stage+rollup``
+and ``json+rollup`` are what a whole flush costs, rollups included.
 
 Per case: **records/s** over the writes (building the rows from the records, the driver's call,
 the commit; making the records is not timed); **loop us/rec**, the event-loop thread's CPU time
@@ -49,7 +52,89 @@ latency come from the batches without it, blocked and late from the batches with
 
 Results
 -------
-RESULTS_PLACEHOLDER
+All runs 2026-12-01: PostgreSQL 15.20, asyncpg 0.32.0, psycopg 3.3.9 (binary, libpq 18),
+uvloop, Python 3.11, 2 cores **shared with other sessions' test runs: load average 3-8 through
+every run** (no quiet window came in 45 minutes of waiting). Wall-clock figures (rec/s,
+latencies, lateness) are therefore low and noisy: one case's rec/s moved by up to 2.3x between
+runs, with the load. The CPU figures hold better: the loop's within about 15-20% run to run,
+the backend's within about 25% (it shares the cores with everything else). One full run, 10 s a
+case (loop CPU and rec/s from the 5 s of batches without the probe), load 6.5 -> 4.8:
+
+======================  ===============  ==========  ===========  =================  ======
+method                  loop us/rec      pg us/rec   blocked ms   rec/s              resend
+batch                   64 / 256 / 1024  256 / 1024  256 / 1024   64 / 256 / 1024
+======================  ===============  ==========  ===========  =================  ======
+asyncpg executemany      8.4   6.8  5.3  35.1  26.4   1.9   3.8    6.8k 13.0k 20.1k  no-op
+asyncpg values          30.8  28.9 24.1  51.4  38.3   8.7  26.5    4.4k  6.3k 11.2k  no-op
+asyncpg unnest          14.2  17.0 13.9  23.9  18.5   5.4  20.2    9.0k 14.3k 19.3k  no-op
+asyncpg copy             5.5   4.2  3.9  14.7  12.3   2.0   5.4   13.3k 25.9k 41.6k  aborts
+asyncpg copy+stage      10.4   5.9  3.9  22.8  15.6   1.8   6.4    6.0k 15.4k 32.9k  no-op
+psycopg executemany     30.4  24.2 20.4  33.3  28.1   5.0   5.3    5.6k 10.3k 15.1k  no-op
+psycopg unnest          20.9  14.1 11.2  21.0  16.3   5.1  17.1    6.1k 13.8k 21.0k  no-op
+psycopg copy            14.2   5.2  3.5  11.9   9.6   1.5   2.2    6.2k 24.5k 40.3k  aborts
+psycopg copy+stage      18.1   6.9  4.4  18.5  14.4   4.9   2.8    5.4k 16.1k 26.9k  no-op
+asyncpg store           19.0  16.4 10.9  36.7  24.9   5.3  18.2    6.8k 10.5k 17.2k  no-op
+psycopg store           25.4  15.5 11.8  36.1  26.3   5.0  49.5    5.4k 13.6k 14.5k  no-op
+asyncpg stage+rollup    10.3   6.0  3.9  35.9  23.5   1.5   5.0    6.9k 14.4k 19.8k  no-op
+psycopg stage+rollup    16.5   7.0  4.8  31.3  26.6   1.6   3.0    5.6k 16.8k 17.3k  no-op
+asyncpg json             3.7   2.3  2.8  31.2  20.5   1.0   3.5   12.6k 18.3k 25.4k  no-op
+asyncpg json+rollup      4.0   2.5  2.9  46.9  32.3   0.9   3.6   11.0k 12.8k 16.3k  no-op
+psycopg json+rollup      9.5   3.1  1.7  37.3  29.9   1.0   2.3    8.1k 15.9k 17.2k  no-op
+======================  ===============  ==========  ===========  =================  ======
+
+The whole-flush methods, that run and two more of them alone (loop us/rec; blocked ms;
+pg us/rec), at 256 | at 1024 records:
+
+* asyncpg ``store``: 16.4 14.3 12.3; 5.3 4.8 4.8; 36.7 32.5 29.6 | 10.9 11.2 9.9;
+  18.2 18.6 23.9; 24.9 26.6 23.3
+* psycopg ``store``: 15.5 14.0 13.4; 5.0 5.9 4.7; 36.1 33.2 30.4 | 11.8 11.2 13.2;
+  49.5 17.3 16.6; 26.3 25.4 26.4
+* asyncpg ``json+rollup``: 2.5 2.3 1.9; 0.9 0.7 0.8; 46.9 49.3 38.5 | 2.9 2.6 2.4;
+  3.6 4.1 3.4; 32.3 28.6 27.5
+* psycopg ``json+rollup``: 3.1 3.0 2.7; 1.0 1.0 1.0; 37.3 35.5 30.7 | 1.7 1.6 1.7;
+  2.3 2.1 2.3; 29.9 30.4 31.7
+* asyncpg ``stage+rollup``: 6.0 5.4 4.3; 1.5 1.7 1.9; 35.9 30.6 27.3 | 3.9 4.1 3.4;
+  5.0 5.5 4.4; 23.5 26.2 23.1
+
+Their rec/s followed the box's load (9-26k at 256, 13-33k at 1024) more than the method: the
+database (25-50 us of backend CPU a record with the rollups, on cores the other sessions also
+used) bounds a flush here, not the driver. An earlier complete run (before the read-back check
+and the non-ASCII team names) gave the same picture.
+
+What it shows:
+
+* **The driver is not what costs.** Sending the same statement, asyncpg and psycopg take the
+  same loop CPU (the store's statement: 12-16 us a record at 256, 10-13 at 1024, both) and
+  the same backend CPU. Where they differ, asyncpg is lighter: ``executemany`` 3.5-4x (6.8
+  against 24.2 us/rec at 256), and at 64 records COPY 1.2x and 2.6x (the two full runs),
+  COPY through a stage 1.3x and 1.7x, ``unnest`` 1.4-1.5x. At 1024 records they are close on
+  everything but ``executemany``: psycopg's ``unnest`` was 20% lighter in one full run and
+  equal in the other, its ``json+rollup`` 1 us/rec lighter in all three (1.7 against 2.6).
+* **The statement's input is what costs.** 40 arrays (``unnest``: the store now) cost the loop
+  10-17 us a record, and building and encoding them is one synchronous stretch: about 5 ms for
+  256 records, 18-24 ms for 1024, during which the worker serves nothing. One JSON parameter
+  (msgspec) costs 2-3 us a record and blocks about 1 ms (256) or 3.5 ms (1024); the backend
+  spends about a quarter more CPU on it (8-52% across the six paired runs: it parses the
+  JSON), at the same rec/s within the noise.
+* **COPY is the cheapest way in and cannot be the ledger's as is:** no ``ON CONFLICT``, so one
+  record already stored (a replayed spool, a retried flush) fails the whole COPY with a unique
+  violation (``resend: aborts``). Through a temporary stage it is idempotent again, at 3.5-6
+  us/rec with the rollups and the store's backend CPU, but it takes four round trips (BEGIN,
+  COPY, the statement, COMMIT) where the others take one (invisible on loopback; with
+  ``ledger_durability: commit`` a response's last bytes wait for that commit), and a temporary
+  table on every connection (session state, which PgBouncer's transaction pooling drops).
+* A multi-row ``VALUES`` is the worst on both sides (and at most 819 rows a statement).
+
+**Recommendation: keep asyncpg** (as light as psycopg or lighter on every method here, within
+the noise, but one large parameter; and already the dependency: psycopg is needed only by this
+bench), **and have the flush send its records as one JSON parameter** (``json_to_recordset``)
+instead of 40 arrays, keeping the rest of the store's statement (``ON CONFLICT DO NOTHING``, the
+rollups from the new rows, one statement, one round trip): 4-7x less loop time per record and a
+5-7x shorter loop stall per flush, for about a quarter more backend CPU. Every run here checks
+that each method's records read back as sent, field for field (non-ASCII text, quotes,
+backslashes and None included). If the database's CPU is the scarcer resource, COPY into a
+per-connection stage (``stage+rollup``) keeps the backend's cost as now at 2-3x less loop time,
+for three more round trips a flush and the temporary table.
 """
 
 from __future__ import annotations
@@ -69,6 +154,7 @@ from datetime import date, timedelta
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
+import msgspec
 import psycopg
 
 from gateway.ledger.record import UsageRecord
@@ -95,6 +181,8 @@ _LEDGER_APP = "llm-gateway-ledger"
 # -- the records ---------------------------------------------------------------------------
 
 _MODELS = ("chat-model", "code-model", "embed-model")
+#: text that must arrive as sent whatever the encoding (JSON escapes, array quoting, COPY)
+_TEAMS = ("team-a", None, 'équipe "b" \\ ☃, {c}')
 
 
 def make_batch(n: int, seq: int) -> list[UsageRecord]:
@@ -104,7 +192,7 @@ def make_batch(n: int, seq: int) -> list[UsageRecord]:
     return [
         UsageRecord(
             request_id=os.urandom(16).hex(), ts_ms=now, tenant=f"tenant-{(seq + i) % 50}",
-            team="team-a" if i % 3 else None, key_id=f"key-{(seq + i) % 200}",
+            team=_TEAMS[i % 3], key_id=f"key-{(seq + i) % 200}",
             model=_MODELS[i % 3], upstream_model="llama-3-8b",
             request_class=("interactive", "batch")[i % 4 == 0], pool="chat", backend="b1",
             attempts=1, status=200, system=120, history=800 + i % 100, new=40 + i % 7,
@@ -190,15 +278,20 @@ _STAGE = f"CREATE TEMP TABLE stage (LIKE {TABLE} INCLUDING DEFAULTS) ON COMMIT D
 _FROM_STAGE = f"INSERT INTO {TABLE} SELECT * FROM stage ON CONFLICT DO NOTHING"
 
 
-def _store_from_stage() -> str:
-    """The store's flush statement with its input read from the stage, not from arrays."""
+def _store_with_input(source: str) -> str:
+    """The store's flush statement with another ``input`` (``day_n`` and the record columns)
+    than its arrays: the rest (the insert, the rollups, the count) is the store's own."""
     sql = ledger_postgres._INSERT
     head, sep, rest = sql.partition("WITH input AS (")
     _, sep2, tail = rest.partition("), new AS (")
     if not (sep and sep2):
         raise RuntimeError("the store's insert statement changed shape; update this bench")
-    return (f"{head}WITH input AS (SELECT day - DATE '1970-01-01' AS day_n, "
-            f"{quoted(RECORD_COLUMNS)} FROM stage), new AS ({tail}")
+    return f"{head}WITH input AS ({source}), new AS ({tail}"
+
+
+def _store_from_stage() -> str:
+    return _store_with_input(
+        f"SELECT day - DATE '1970-01-01' AS day_n, {quoted(RECORD_COLUMNS)} FROM stage")
 
 
 def _to_psycopg(sql: str) -> str:
@@ -407,6 +500,60 @@ async def ps_stage_rollup(setup: Setup) -> Writer:
     return Writer(write, conn.info.backend_pid, conn.close)
 
 
+_json = msgspec.json.Encoder()
+
+
+def _json_input(setup: Setup, mark: str) -> str:
+    """The batch as one JSON array of records (msgspec's encoding, the spool's format), read
+    by ``json_to_recordset`` on the server: ``day_n`` and the record columns."""
+    defs = ", ".join(f'"{c}" {t}' for c, t in setup.columns[1:])
+    return (f"SELECT (ts_ms / {_DAY_MS})::integer AS day_n, {quoted(RECORD_COLUMNS)} "
+            f"FROM json_to_recordset(convert_from({mark}::bytea, 'UTF8')::json) AS t({defs})")
+
+
+def _json_insert(setup: Setup, mark: str) -> str:
+    return (f"WITH input AS ({_json_input(setup, mark)}) INSERT INTO {TABLE} ({setup.quoted}) "
+            f"SELECT DATE '1970-01-01' + day_n, {quoted(RECORD_COLUMNS)} FROM input "
+            "ON CONFLICT DO NOTHING")
+
+
+def _store_from_json(setup: Setup, mark: str) -> str:
+    """The store's flush statement with its input read from one JSON parameter."""
+    return _store_with_input(_json_input(setup, mark))
+
+
+async def pg_json(setup: Setup) -> Writer:
+    conn = await _asyncpg(setup)
+    sql = _json_insert(setup, "$1")
+
+    async def write(batch: Sequence[UsageRecord]) -> None:
+        await conn.execute(sql, _json.encode(batch))
+
+    return Writer(write, conn.get_server_pid(), conn.close)
+
+
+async def pg_json_rollup(setup: Setup) -> Writer:
+    conn = await _asyncpg(setup)
+    sql = _store_from_json(setup, "$1")
+
+    async def write(batch: Sequence[UsageRecord]) -> int:
+        return int(await conn.fetchval(sql, _json.encode(batch)))
+
+    return Writer(write, conn.get_server_pid(), conn.close)
+
+
+async def ps_json_rollup(setup: Setup) -> Writer:
+    conn = await _psycopg(setup)
+    sql = _store_from_json(setup, "%b").replace("%", "%%").replace("%%b", "%b")
+
+    async def write(batch: Sequence[UsageRecord]) -> int:
+        cur = await conn.execute(sql, [_json.encode(batch)], prepare=True)
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+    return Writer(write, conn.info.backend_pid, conn.close)
+
+
 METHODS: dict[str, Method] = {
     f"{m.driver}:{m.name}": m
     for m in (
@@ -423,6 +570,9 @@ METHODS: dict[str, Method] = {
         Method("psycopg", "store", ps_store, rollups=True),
         Method("asyncpg", "stage+rollup", pg_stage_rollup, rollups=True),
         Method("psycopg", "stage+rollup", ps_stage_rollup, rollups=True),
+        Method("asyncpg", "json", pg_json),
+        Method("asyncpg", "json+rollup", pg_json_rollup, rollups=True),
+        Method("psycopg", "json+rollup", ps_json_rollup, rollups=True),
     )
 }
 
@@ -552,10 +702,26 @@ async def _stored(admin: asyncpg.Connection) -> tuple[int, int]:
     return int(records), int(rolled)
 
 
+async def _check_stored(
+    setup: Setup, admin: asyncpg.Connection, batch: Sequence[UsageRecord]
+) -> None:
+    """The batch reads back as sent, every column of every record."""
+    sent = {row[1]: row for row in Rows()(batch)}
+    got = await admin.fetch(f"SELECT {setup.quoted} FROM {TABLE} "
+                            "WHERE request_id = ANY($1::text[])", list(sent))
+    if len(got) != len(sent):
+        raise AssertionError(f"{len(got)} of {len(sent)} records read back")
+    for row in got:
+        if tuple(row) != sent[row["request_id"]]:
+            raise AssertionError(f"stored {tuple(row)}, sent {sent[row['request_id']]}")
+
+
 async def run_case(
     setup: Setup, admin: asyncpg.Connection, method: Method, batch: int, seconds: float
 ) -> CaseResult:
-    """One method at one batch size, on emptied tables, for ``seconds`` of writes."""
+    """One method at one batch size, on emptied tables, for ``seconds`` of writes; checks
+    that every record was stored once, counted once in the rollups (when the method writes
+    them), reads back as sent, and what sending the last batch again does."""
     await admin.execute(f"TRUNCATE {TABLE}, usage_hourly")
     await admin.execute("CHECKPOINT")
     writer = await method.make(setup)
@@ -592,6 +758,7 @@ async def run_case(
         if before != expected:
             raise AssertionError(f"{method.driver}:{method.name} stored (records, rolled up) "
                                  f"{before}, not {expected}")
+        await _check_stored(setup, admin, last)
         resend = "no-op"
         try:
             await writer.write(last)
