@@ -284,8 +284,10 @@ class PostgresServer:
                 os.killpg(self.proc.pid, sig)
 
     def close(self) -> None:
-        """Kill the server and remove its directory (data, socket, log)."""
-        self.kill()
+        """Stop the server and remove its directory (data, socket, log). A fast shutdown, not
+        a kill: the postmaster reaps its backends (killed ones are orphans, and a container's
+        PID 1 may leave them as zombies)."""
+        self.stop(timeout=10)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> PostgresServer:
