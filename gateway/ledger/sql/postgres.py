@@ -114,6 +114,14 @@ def _day(day_number: int) -> date:
     return _EPOCH + timedelta(days=day_number)
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset on release: nothing to send. asyncpg's default sends ``SELECT
+    pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`` after every statement, a
+    second round trip per flush; the ledger leaves no session state (its advisory locks are
+    transaction-scoped, no LISTEN, no cursors, no SET), and asyncpg still rolls back a
+    transaction left open before calling this."""
+
+
 def partition_name(day: date) -> str:
     return f"usage_records_{day:%Y%m%d}"
 
@@ -164,6 +172,7 @@ class PostgresLedger(SqlLedger):
                     self._pool = await asyncpg.create_pool(
                         self._dsn, min_size=1, max_size=self._pool_size,
                         timeout=self._connect_timeout, command_timeout=None,
+                        reset=_keep_session,
                         server_settings={"application_name": "llm-gateway-ledger"})
                 except Exception as exc:
                     if is_outage(exc):
