@@ -59,7 +59,7 @@ from gateway.errors import (
 from gateway.http.asgi import ClientGone, clip, header_value, send_error
 from gateway.ledger import make_record
 from gateway.quota.admit import Admitted, admit
-from gateway.request.parse import parse_request
+from gateway.request.parse import ENDPOINTS, parse_request
 from gateway.routing.classes import UnknownClass, resolve_class
 from gateway.routing.conversation import SESSION_HEADER
 from gateway.upstream.forward import forward, release
@@ -364,7 +364,8 @@ class Pipeline:
         tenant = ctx.tenant or "default"
         team, organization = runtime.placement(tenant)
         return make_record(ctx, ctx.usage, tenant=tenant, team=team, organization=organization,
-                           batch_id=ctx.batch_id, currency=runtime.prices.currency)
+                           batch_id=ctx.batch_id, currency=runtime.prices.currency,
+                           api=_API.get(ctx.endpoint, "chat"))
 
     async def _record(self, runtime: Runtime, ctx: RequestContext) -> None:
         """8. record: the usage record of a request whose response is about to end; with
@@ -394,6 +395,11 @@ class Pipeline:
 
 
 # --- the steps' small pieces ------------------------------------------------------------------
+#: the client API of each proxied path, for the usage record
+_API = {path: endpoint.api for path, endpoint in ENDPOINTS.items()}
+
+
+
 async def _send_error(send: Send, frontend: Frontend | None, error: GatewayError,
                       headers: RawHeaders) -> None:
     """An error answer in the client's API: OpenAI's shape, or the front-end's."""

@@ -100,6 +100,8 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     cost_cached: int = 0
     cost_cache_write: int = 0
     currency: str = "USD"
+    #: the client API the request came in: chat, completions, embeddings, responses, messages
+    api: str = "chat"
 
     @property
     def day(self) -> str:
@@ -169,6 +171,7 @@ def make_record(
     batch_id: str | None = None,
     currency: str = "USD",
     ts_ms: int | None = None,
+    api: str = "chat",
 ) -> UsageRecord:
     """The record of a finished request, from its context and its accounted usage.
 
@@ -224,4 +227,5 @@ def make_record(
         cost_cached=cost.cached if cost else 0,
         cost_cache_write=cost.cache_write if cost else 0,
         currency=currency,
+        api=api,
     )

@@ -78,6 +78,7 @@ def test_anthropic_messages_plain_and_streamed(gw: GatewayProcess) -> None:
     assert streamed["prompt_total"] == final.usage.input_tokens
     for r in (plain, streamed):
         assert r["outcome"] == "completed" and r["tenant"] == "acme" and not r["estimated"]
+        assert r["api"] == "messages"  # the record names the client API
         assert r["system"] + r["history"] + r["new"] + r["tools"] == r["prompt_total"]
 
 
@@ -135,6 +136,7 @@ def test_openai_responses_plain_and_streamed(gw: GatewayProcess) -> None:
         client.responses.create(model="chat-model", input=[{"type": "nonsense"}])  # type: ignore[list-item]
     one, two = records(gw, 2)
     assert one["output"] == 7 and two["output"] == 4
+    assert one["api"] == two["api"] == "responses"
     assert one["system"] > 0  # the instructions are the system part
 
 

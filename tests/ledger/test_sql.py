@@ -189,25 +189,28 @@ async def test_migration_from_the_previous_version_backfills_rollups(
 
 
 async def _insert_raw(ledger: SqlLedger, records: list[UsageRecord]) -> None:
-    """Records as a version-1 gateway wrote them (no rollups then)."""
+    """Records as a version-1 gateway wrote them (no rollups then, and only the columns of
+    version 1: ``api`` came with migration 4)."""
     from gateway.ledger.sql.schema import quoted, record_row
 
-    cols = quoted(RECORD_COLUMNS)
+    v1 = RECORD_COLUMNS[:RECORD_COLUMNS.index("api")]
+    cols = quoted(v1)
+    rows = [record_row(r)[:len(v1)] for r in records]
     if isinstance(ledger, PostgresLedger):
         days = {r.ts_ms // DAY_MS for r in records}
         await ledger._make_partitions(days)
         conn = await asyncpg.connect(ledger._dsn)
-        marks = ", ".join(f"${i + 2}" for i in range(len(RECORD_COLUMNS)))
+        marks = ", ".join(f"${i + 2}" for i in range(len(v1)))
         await conn.executemany(
             f"INSERT INTO usage_records (day, {cols}) VALUES ($1, {marks})",
-            [(date.fromisoformat(r.day), *record_row(r)) for r in records])
+            [(date.fromisoformat(r.day), *row) for r, row in zip(records, rows, strict=True)])
         await conn.close()
     else:
         assert isinstance(ledger, SqliteLedger)
         with sqlite3.connect(ledger.path) as conn:
-            marks = ", ".join("?" * (len(RECORD_COLUMNS) + 1))
+            marks = ", ".join("?" * (len(v1) + 1))
             conn.executemany(f"INSERT INTO usage_records (day, {cols}) VALUES ({marks})",
-                             [(r.day, *record_row(r)) for r in records])
+                             [(r.day, *row) for r, row in zip(records, rows, strict=True)])
 
 
 async def test_migrate_is_idempotent_and_concurrent(make_sql: Callable[..., Any]) -> None:

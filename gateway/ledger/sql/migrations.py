@@ -14,6 +14,9 @@ migrated it: upgrade this one).
 2. ``usage_hourly``: the rollups, back-filled from the records already there; maintained from
    then on in the same transaction as the records (PostgreSQL: the store's insert statement;
    SQLite: a trigger on insert).
+3. ``stored_responses``: Responses answers kept for ``previous_response_id`` and retrieval.
+4. ``usage_records.api``: the client API of the request (chat, completions, embeddings,
+   responses, messages); records written before it read as ``chat``.
 3. ``stored_responses``: the Responses API's stored responses (``store: true``), one row per
    response id with its tenant, its expiry (indexed, for the retention sweep), the client's
    request, the chat messages it was translated to and the response object, each as JSON
@@ -165,6 +168,9 @@ MIGRATIONS: tuple[Migration, ...] = (
               _rollup_table("TEXT", "INTEGER") + _backfill("estimated") + _sqlite_trigger()),
     Migration(3, "stored responses", _stored_responses("text", "bigint"),
               _stored_responses("TEXT", "INTEGER")),
+    Migration(4, "the client API on each record",
+              "ALTER TABLE usage_records ADD COLUMN api text NOT NULL DEFAULT 'chat';\n",
+              "ALTER TABLE usage_records ADD COLUMN api TEXT NOT NULL DEFAULT 'chat';\n"),
 )
 
 #: the schema version this gateway reads and writes
