@@ -107,7 +107,7 @@ def test_every_tool_module_is_part_of_the_tool() -> None:
 
 def test_benchmarks_live_in_bench() -> None:
     """The benchmarks that import gateway internals are under ``loadtest/bench/``."""
-    for name in ("accounting_bench", "quota_bench", "telemetry_bench"):
+    for name in ("accounting_bench", "ledger_bench", "quota_bench", "telemetry_bench"):
         source = (BENCH / f"{name}.py").read_text()
         assert "from gateway" in source, name
     assert (BENCH / "overhead" / "__main__.py").is_file()

@@ -36,14 +36,17 @@ tenants:
 
 
 def config_yaml(api_key: str, backend_port: int, *, quotas: bool = False,
-                spool_dir: Path | None = None) -> str:
+                spool_dir: Path | None = None, store: dict[str, str] | None = None) -> str:
     """The gateway policy: one key, one pool with the nginx fixture backend, one model; with
     ``quotas`` the key's tenant has a plan with every limit set (high enough never to refuse,
-    so every request pays for the full check-and-reserve and the settle)."""
+    so every request pays for the full check-and-reserve and the settle). ``store``: more
+    ``store:`` options, written as given (``{"ledger_durability": "buffered"}``)."""
     digest = hashlib.sha256(api_key.encode()).hexdigest()
     extra = QUOTAS if quotas else ""
-    if spool_dir is not None:
-        extra += f"store:\n  spool_dir: {spool_dir}\n"
+    options = {"spool_dir": str(spool_dir)} if spool_dir is not None else {}
+    options |= store or {}
+    if options:
+        extra += "store:\n" + "".join(f"  {k}: {v}\n" for k, v in options.items())
     return extra + f"""\
 server:
   max_body_bytes: 8388608
@@ -111,16 +114,17 @@ def start(
     quotas: bool = False,
     log_shim: bool = False,
     log_shim_cpus: str | None = None,
+    store: dict[str, str] | None = None,
 ) -> Managed:
     """Write the config, start the gateway pinned to ``cpus``, wait for ``GET /healthz`` 200.
 
     ``log_shim``: send its output through a pipe to a log shim (pinned to ``log_shim_cpus``),
     as under a container runtime, instead of straight into the log file; see
-    ``ProcessSet.start``.
+    ``ProcessSet.start``. ``store``: extra ``store:`` options of the policy.
     """
     config = workdir / f"gateway-{label}.yaml"
     config.write_text(config_yaml(api_key, backend_port, quotas=quotas,
-                                  spool_dir=workdir / f"spool-{label}"))
+                                  spool_dir=workdir / f"spool-{label}", store=store))
     cmd: Sequence[str] = command(template, config=config, port=port, backend_port=backend_port)
     managed = procs.start(f"gateway-{label}", pinned(cmd, cpus), workdir / f"gateway-{label}.log",
                           log_shim=log_shim, shim_cpus=log_shim_cpus)
