@@ -146,7 +146,7 @@ def test_another_tenant_gets_not_found_everywhere(gw: GatewayProcess) -> None:
         with pytest.raises(openai.NotFoundError) as err:
             call()
         assert made.id in err.value.message
-    with pytest.raises(openai.NotFoundError) as err:
+    with pytest.raises(openai.BadRequestError) as err:  # OpenAI's 400, not a 404
         other.responses.create(model="chat-model", input="What was it?",
                                previous_response_id=made.id)
     assert err.value.param == "previous_response_id"  # type: ignore[attr-defined]
@@ -158,13 +158,13 @@ def test_another_tenant_gets_not_found_everywhere(gw: GatewayProcess) -> None:
         client(gw, "sk-wrong-0123456789abcdef").responses.retrieve(made.id)
 
 
-def test_store_false_is_not_kept_and_unknown_ids_are_404(gw: GatewayProcess) -> None:
+def test_store_false_is_not_kept_and_unknown_ids_are_not_found(gw: GatewayProcess) -> None:
     c = client(gw)
     made = c.responses.create(model="chat-model", input="Forget me", store=False,
                               max_output_tokens=3)
     with pytest.raises(openai.NotFoundError):
         c.responses.retrieve(made.id)
-    with pytest.raises(openai.NotFoundError) as err:
+    with pytest.raises(openai.BadRequestError) as err:
         c.responses.create(model="chat-model", input="x", previous_response_id=made.id)
     assert err.value.param == "previous_response_id"  # type: ignore[attr-defined]
     with pytest.raises(openai.NotFoundError):
@@ -193,7 +193,7 @@ def test_expired_responses_are_gone(tmp_path: Path, sim: SimServer) -> None:
                 break
             assert time.monotonic() < deadline, "the response never expired"
             time.sleep(0.2)
-        with pytest.raises(openai.NotFoundError):
+        with pytest.raises(openai.BadRequestError):
             c.responses.create(model="chat-model", input="x", previous_response_id=made.id)
 
 

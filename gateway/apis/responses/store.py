@@ -1,10 +1,11 @@
 """The pipeline's calls for stored responses: continue one (``previous_response_id``), keep one.
 
 ``continued`` runs before translation: a request naming ``previous_response_id`` gets the stored
-conversation of the caller's tenant (``stored.earlier_messages``) as ``earlier``, or a 404 in
-OpenAI's shape naming the parameter when the response is missing, expired or another tenant's
-(the three are one answer, so an id reveals nothing across tenants). Such a request is always
-translated (``apis.plan``): the conversation is the gateway's, not a backend's.
+conversation of the caller's tenant (``stored.earlier_messages``) as ``earlier``, or OpenAI's
+400 ``previous_response_not_found`` naming the parameter when the response is missing, expired
+or another tenant's (the three are one answer, so an id reveals nothing across tenants). Such a
+request is always translated (``apis.plan``): the conversation is the gateway's, not a
+backend's.
 
 ``keeper`` is what the pipeline calls once the answer is complete: for a Responses request
 with ``store`` not false, it saves the response object (the whole body, or a stream's last
@@ -32,7 +33,10 @@ if TYPE_CHECKING:
     from gateway.ledger.sql.responses import ResponseStore, StoredResponse
     from gateway.request.parse import ParsedRequest
 
-__all__ = ["ResponseNotFound", "StoreUnavailable", "continued", "find", "keeper", "not_found"]
+__all__ = [
+    "PreviousResponseNotFound", "ResponseNotFound", "StoreUnavailable", "continued", "find",
+    "keeper", "not_found",
+]
 
 _log = logging.getLogger("gateway.apis.responses.store")
 _HOUR_MS = 3_600_000
@@ -45,6 +49,14 @@ class ResponseNotFound(GatewayError):
     type = "invalid_request_error"
 
 
+class PreviousResponseNotFound(GatewayError):
+    """A request continues a response that is not there for this tenant: OpenAI answers 400
+    (the request is invalid), not 404 (the route exists), with ``previous_response_not_found``."""
+
+    status = 400
+    type = "invalid_request_error"
+
+
 class StoreUnavailable(GatewayError):
     """The database holding stored responses cannot be reached."""
 
@@ -53,12 +65,14 @@ class StoreUnavailable(GatewayError):
     code = "response_store_unavailable"
 
 
-def not_found(response_id: str, param: str | None = None) -> ResponseNotFound:
-    """OpenAI's 404 for a response id (``param``: ``previous_response_id`` when a request
-    named it, with OpenAI's code for that case)."""
+def not_found(response_id: str,
+              param: str | None = None) -> ResponseNotFound | PreviousResponseNotFound:
+    """OpenAI's 404 for a response id, or its 400 when a request named it as
+    ``previous_response_id`` (with OpenAI's code for that case)."""
     if param == "previous_response_id":
-        return ResponseNotFound(f"Previous response with id '{clip(response_id)}' not found.",
-                                param=param, code="previous_response_not_found")
+        return PreviousResponseNotFound(
+            f"Previous response with id '{clip(response_id)}' not found.",
+            param=param, code="previous_response_not_found")
     return ResponseNotFound(f"Response with id '{clip(response_id)}' not found.", param=param)
 
 
