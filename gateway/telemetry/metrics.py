@@ -76,6 +76,16 @@ DURATION_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0,
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 _ROUTE = ("model", "pool", "class")
+#: a request's series also name the client API it spoke (chat, completions, embeddings,
+#: responses, messages): the same model answers several, at different costs (translation)
+_SERIES = (*_ROUTE, "api")
+_APIS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
 _MICROS = 1_000_000
 _CACHE_LIMIT = 4096  # label sets kept bound; past it the cache starts over (never grows unbounded)
 _OTHER = "other"
@@ -142,8 +152,8 @@ class _Bound:
                  "tpot", "ttft", "usages")
 
     def __init__(self, m: Metrics, model: str, pool: str, cls: str, status: str,
-                 tenant: tuple[str, ...]) -> None:
-        route = (model, pool, cls)
+                 tenant: tuple[str, ...], api: str) -> None:
+        route = (model, pool, cls, api)
         self.metrics, self.route, self.tenant = m, route, tenant
         self.request_child = m.requests.labels(*route, status, *tenant)
         self.retry_child: Any = None
@@ -224,13 +234,13 @@ class Metrics:
     def _declare(self, tenant: tuple[str, ...]) -> None:
         r = self.registry
         self.requests = Counter("gateway_requests", "Requests answered, by HTTP status.",
-                                [*_ROUTE, "status", *tenant], registry=r)
+                                [*_SERIES, "status", *tenant], registry=r)
         self.tokens = Counter("gateway_tokens", "Tokens by kind: input = system + history + "
                               "new + tools; cached is a subset of input.",
-                              [*_ROUTE, "kind", *tenant], registry=r)
+                              [*_SERIES, "kind", *tenant], registry=r)
         self.retries = Counter("gateway_retries", "Upstream attempts after the first.",
-                               _ROUTE, registry=r)
-        self.failovers = Counter("gateway_failovers", "Moves to a fallback pool.", _ROUTE,
+                               _SERIES, registry=r)
+        self.failovers = Counter("gateway_failovers", "Moves to a fallback pool.", _SERIES,
                                  registry=r)
         self.spend = Counter("gateway_spend", "Cost charged, in currency units.",
                              ["tenant", "model"], registry=r)
@@ -249,12 +259,12 @@ class Metrics:
         self.shadow_requests = Counter("gateway_shadow_requests",
                                        "Shadow (mirrored) requests, by outcome.", ["status"],
                                        registry=r)
-        self.ttft = Histogram("gateway_ttft_seconds", "Time to first token (streams).", _ROUTE,
-                              buckets=TTFT_BUCKETS, registry=r)
+        self.ttft = Histogram("gateway_ttft_seconds", "Time to first token (streams).",
+                              _SERIES, buckets=TTFT_BUCKETS, registry=r)
         self.tpot = Histogram("gateway_tpot_seconds", "Time per output token after the first "
-                              "(streams).", _ROUTE, buckets=TPOT_BUCKETS, registry=r)
+                              "(streams).", _SERIES, buckets=TPOT_BUCKETS, registry=r)
         self.duration = Histogram("gateway_request_duration_seconds", "End-to-end latency.",
-                                  _ROUTE, buckets=DURATION_BUCKETS, registry=r)
+                                  _SERIES, buckets=DURATION_BUCKETS, registry=r)
         self.queue_wait = Histogram("gateway_queue_wait_seconds",
                                     "Time waiting for a backend slot.", _ROUTE,
                                     buckets=QUEUE_BUCKETS, registry=r)
@@ -325,7 +335,7 @@ class Metrics:
         if tenant is None:
             tenant = getattr(ctx, "tenant", None)
         label = "" if tenant is None else self._tenants.get(tenant) or self.tenant(tenant)
-        key = (ctx.request_model, ctx.pool, ctx.request_class, ctx.status, label)
+        key = (ctx.request_model, ctx.pool, ctx.request_class, ctx.status, label, ctx.endpoint)
         bound = self._bound.get(key) or self._bind(key)
         bound.requests += 1
         started = ctx.started_ns
@@ -365,9 +375,9 @@ class Metrics:
         if len(self._bound) >= _CACHE_LIMIT:
             self.flush()
             self._bound.clear()
-        model, pool, cls, status, label = key
+        model, pool, cls, status, label, endpoint = key
         bound = _Bound(self, model or "", pool or "", cls or "", str(status),
-                       (label,) if self.tenant_label else ())
+                       (label,) if self.tenant_label else (), _APIS.get(endpoint, ""))
         self._bound[key] = bound
         return bound
 

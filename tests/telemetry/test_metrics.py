@@ -28,7 +28,8 @@ def value(text: bytes, name: str, **labels: str) -> float:
     return samples(text)[(name, frozenset(labels.items()))]
 
 
-ROUTE = {"model": "chat-model", "pool": "gpu-a", "class": "interactive"}
+ROUTE = {"model": "chat-model", "pool": "gpu-a", "class": "interactive", "api": "chat"}
+POOL_ROUTE = {"model": "chat-model", "pool": "gpu-a", "class": "interactive"}  # queue wait
 
 
 @pytest.fixture
@@ -55,8 +56,22 @@ def rendered() -> bytes:
 
 def test_request_counts(rendered: bytes) -> None:
     assert value(rendered, "gateway_requests_total", **ROUTE, status="200") == 3
-    assert value(rendered, "gateway_requests_total", model="chat-model", pool="",
+    assert value(rendered, "gateway_requests_total", model="chat-model", pool="", api="chat",
                  **{"class": "interactive"}, status="429") == 1
+
+
+def test_series_name_the_client_api() -> None:
+    """The same model answered through three APIs: three series, each counted apart."""
+    m = Metrics()
+    for endpoint, n in [("/v1/chat/completions", 2), ("/v1/messages", 3), ("/v1/responses", 1)]:
+        for _ in range(n):
+            m.observe_request(finished(endpoint=endpoint), FakeUsage())
+    body, _ = m.render()
+    for api, n in [("chat", 2), ("messages", 3), ("responses", 1)]:
+        assert value(body, "gateway_requests_total", **{**ROUTE, "api": api}, status="200") == n
+        assert value(body, "gateway_ttft_seconds_count", **{**ROUTE, "api": api}) == n
+        assert value(body, "gateway_tokens_total", **{**ROUTE, "api": api}, kind="output") \
+            == 31 * n
 
 
 def test_latency_histograms(rendered: bytes) -> None:
@@ -69,7 +84,7 @@ def test_latency_histograms(rendered: bytes) -> None:
     assert value(rendered, "gateway_tpot_seconds_count", **ROUTE) == 3
     assert value(rendered, "gateway_tpot_seconds_sum", **ROUTE) == pytest.approx(0.08)
     assert value(rendered, "gateway_request_duration_seconds_count", **ROUTE) == 3
-    assert value(rendered, "gateway_queue_wait_seconds_count", **ROUTE) == 1
+    assert value(rendered, "gateway_queue_wait_seconds_count", **POOL_ROUTE) == 1
 
 
 def test_token_retry_and_spend_counts(rendered: bytes) -> None:
@@ -160,7 +175,7 @@ def test_counts_reach_prometheus_after_the_interval() -> None:
     (what other workers read in multiprocess mode), without waiting for a render."""
     m = Metrics(flush_interval=3600)
     m.observe_request(finished(), FakeUsage())
-    child = m.requests.labels("chat-model", "gpu-a", "interactive", "200")
+    child = m.requests.labels("chat-model", "gpu-a", "interactive", "chat", "200")
     assert child._value.get() == 0
     m.flush_interval, m._next_flush = 0.0, 0.0
     m.observe_request(finished(), FakeUsage())
@@ -191,7 +206,7 @@ def test_no_zero_series_with_empty_labels() -> None:
     empty_zero = [(name, dict(labels)) for (name, labels), v in samples(body).items()
                   if v == 0 and any(val == "" for _, val in labels)]
     assert empty_zero == []
-    assert value(body, "gateway_requests_total", model="", pool="", status="401",
+    assert value(body, "gateway_requests_total", model="", pool="", status="401", api="chat",
                  **{"class": ""}) == 1
     names = {name for (name, labels), _ in samples(body).items()
              if dict(labels).get("model") == ""}
