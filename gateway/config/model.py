@@ -174,6 +174,9 @@ class Shadow(_Base, frozen=True):
     #: two answers agree when equal after whitespace normalisation, or when their ROUGE-1 F
     #: (word overlap) is at least this
     agree_similarity: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.9
+    #: compare the shadow's chat and completions answers with the primary's (false: mirror
+    #: and count only)
+    compare: bool = True
 
     @property
     def label(self) -> str:

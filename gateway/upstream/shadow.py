@@ -189,8 +189,9 @@ class Mirror:
         ctx: RequestContext | None = None,
         record_content: bool = False,
     ) -> Pairing | None:
-        """Maybe mirror this request; returns at once. With ``ctx`` and a compared endpoint,
-        returns the pairing the caller gives the primary's answer to (see :class:`Pairing`)."""
+        """Maybe mirror this request; returns at once. With ``ctx``, ``shadow.compare`` and a
+        compared endpoint, returns the pairing the caller gives the primary's answer to (see
+        :class:`Pairing`)."""
         if not should_shadow(shadow.share):
             return None
         stats = self.stats
@@ -211,7 +212,7 @@ class Mirror:
                                           "include_usage": True}
         body = _encoder.encode(mirrored)
         pairing = None
-        if ctx is not None and endpoint in COMPARED_PATHS:
+        if ctx is not None and shadow.compare and endpoint in COMPARED_PATHS:
             pairing = Pairing(self, shadow, ctx, record_content=record_content,
                               started_ns=started_ns)
         task = asyncio.get_running_loop().create_task(

@@ -10,8 +10,10 @@ Its ``outcome`` is one of three:
   ``agree_similarity``;
 * ``disagree``: otherwise.
 
-ROUGE-1 F is the word-multiset overlap ``2 * |A & B| / (|A| + |B|)`` over lower-cased ``\\w+``
-tokens: one pass over each text, no model, no tokenizer. 1.0 for equal bags of words, 0.0 for
+ROUGE-1 F is the word-multiset overlap ``2 * |A & B| / (|A| + |B|)`` over words: the text
+case-folded, ASCII punctuation read as a space, split on whitespace. C-speed string passes and
+one ``Counter`` per text, no model, no tokenizer: about 0.5 ms for two 16 KB texts (the cap),
+tens of microseconds for answers of a few hundred tokens. 1.0 for equal bags of words, 0.0 for
 no word in common (two empty answers: 1.0).
 
 :class:`ShadowComparisons` keeps, per public model, the last ``keep`` comparisons (a ring, for
@@ -26,7 +28,7 @@ content to be recorded (``tenants[].record_content``, the switch traces use).
 from __future__ import annotations
 
 import math
-import re
+import string
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -42,7 +44,7 @@ __all__ = ["EXAMPLE_CHARS", "Comparison", "Outcome", "ShadowComparisons", "judge
 Outcome = Literal["agree", "disagree", "error"]
 #: characters of each text a disagreeing example keeps (when its content may be recorded)
 EXAMPLE_CHARS = 4096
-_WORD = re.compile(r"\w+")
+_PUNCTUATION = str.maketrans(dict.fromkeys(string.punctuation, " "))
 _OUTCOMES: tuple[Outcome, ...] = ("agree", "disagree", "error")
 
 
@@ -53,11 +55,15 @@ def normalise(text: str) -> str:
 
 def rouge1_f(a: str, b: str) -> float:
     """ROUGE-1 F of two texts: ``2 * overlap / (words in a + words in b)``, in [0, 1]."""
-    wa, wb = Counter(_WORD.findall(a.casefold())), Counter(_WORD.findall(b.casefold()))
+    wa, wb = Counter(_words(a)), Counter(_words(b))
     total = wa.total() + wb.total()
     if total == 0:
         return 1.0
     return 2 * (wa & wb).total() / total
+
+
+def _words(text: str) -> list[str]:
+    return text.casefold().translate(_PUNCTUATION).split()
 
 
 def judge(primary: Answer, shadow: Answer, agree_at: float
@@ -66,7 +72,7 @@ def judge(primary: Answer, shadow: Answer, agree_at: float
     if not (primary.ok and shadow.ok):
         return "error", None, None
     a, b = primary.text or "", shadow.text or ""
-    if normalise(a) == normalise(b):
+    if a.split() == b.split():  # normalise(a) == normalise(b), without joining
         return "agree", True, 1.0
     similarity = rouge1_f(a, b)
     return ("agree" if similarity >= agree_at else "disagree"), False, similarity

@@ -197,3 +197,20 @@ def test_primary_identical_with_shadowing_on_and_off(tmp_path: Path, stream: boo
             assert a.headers["content-type"] == b.headers["content-type"]
             assert _masked(a.content) == _masked(b.content)
         assert sum(_settled(on, 3)["compared"].values()) == 3
+
+
+def test_compare_off_mirrors_without_comparing(tmp_path: Path) -> None:
+    """``shadow.compare: false`` mirrors every request (as before comparisons) and files
+    no comparison."""
+    with SimServer("interactive", speedup=20, jitter=0.0) as primary, \
+            SimServer("interactive", speedup=20, jitter=0.0) as shadow:
+        data = _policy(primary.url, shadow.url)
+        data["models"][0]["shadow"]["compare"] = False
+        with _gateway(tmp_path, data) as gw:
+            for i in range(3):
+                _chat(gw, f"q{i}", max_tokens=4)
+            deadline = time.monotonic() + 30
+            while shadow.stats()["completed"] < 3 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert shadow.stats()["completed"] == 3
+            assert _report(gw).json()["compared"] == {"agree": 0, "disagree": 0, "error": 0}
