@@ -14,7 +14,8 @@ Both sides of a comparison are read into the same :class:`Answer`, from differen
 
 Text is "what the model generated": the content of every choice in index order, then reasoning
 and tool-call names and arguments (the order ``StreamScanner.delivered_text`` uses); for an
-Anthropic Messages body, its text blocks; for a Responses body, its output text parts.
+Anthropic Messages body, its text blocks; for a Responses body, its output text parts. Finish
+reasons are given their chat names (Anthropic's ``max_tokens`` reads ``length``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ _MAX_LINE = 1 << 20
 #: raw chunks at the end of a primary stream kept for its finish reason
 _TAIL_CHUNKS = 4
 _FINISH = re.compile(rb'"(?:finish_reason|stop_reason)"\s*:\s*"([A-Za-z_]{1,32})"')
+#: Anthropic stop reasons under their chat names, so a primary answered in Messages and a
+#: shadow answered in chat compare like for like
+_CHAT_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
+                "tool_use": "tool_calls"}
+
+
+def _chat_finish(reason: str | None) -> str | None:
+    return _CHAT_FINISH.get(reason, reason) if reason is not None else None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -179,7 +188,7 @@ def read_body(body: bytes) -> tuple[str | None, str | None, int | None]:
         for block in item.content or ():
             text.add(0, block.text)
     seen = parsed.choices is not None or parsed.content is not None or parsed.output is not None
-    return (text.value() if seen else None), finish, _tokens(parsed.usage)
+    return (text.value() if seen else None), _chat_finish(finish), _tokens(parsed.usage)
 
 
 class StreamCapture:
@@ -275,6 +284,6 @@ class Tap:
 
 
 def stream_finish_reason(tail: deque[bytes]) -> str | None:
-    """The last finish (or stop) reason in a stream's last chunks."""
+    """The last finish (or stop) reason in a stream's last chunks, under its chat name."""
     found = _FINISH.findall(b"".join(tail))
-    return found[-1].decode("ascii") if found else None
+    return _chat_finish(found[-1].decode("ascii")) if found else None

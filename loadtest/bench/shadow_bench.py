@@ -178,7 +178,7 @@ def http(requests: int, tokens: int) -> list[tuple[str, ...]]:
             for proc in procs:
                 proc.terminate()
                 proc.wait(timeout=20)
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for name, index in (("TTFT", 0), ("duration", 1)):
         for q in (0.5, 0.9):
             plain, mirrored, compared = (_quantile([t[index] for t in times[m]], q) * 1e3

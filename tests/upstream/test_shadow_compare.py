@@ -105,7 +105,7 @@ def test_judge_error_when_either_side_failed() -> None:
                   "usage": {"completion_tokens": 1}}, ("done", "length", 1), id="completions"),
     pytest.param({"content": [{"type": "text", "text": "x"}, {"type": "tool_use", "input": {}}],
                   "stop_reason": "end_turn", "usage": {"output_tokens": 4}},
-                 ("x", "end_turn", 4), id="anthropic"),
+                 ("x", "stop", 4), id="anthropic"),
     pytest.param({"output": [{"content": [{"type": "output_text", "text": "r"}]}],
                   "usage": {"output_tokens": 2}}, ("r", None, 2), id="responses"),
     pytest.param({"data": [{"embedding": [0.1]}]}, (None, None, None), id="no-text"),
@@ -189,9 +189,12 @@ def test_tap_forwards_the_same_bytes_and_keeps_a_short_tail() -> None:
 
 
 def test_stream_finish_reason_from_the_tail() -> None:
+    """The last finish reason in the tail; an Anthropic stop reason under its chat name."""
     tap = Tap(StreamScanner(strip_usage=False))
     tap.feed(_sse(_EVENTS))
     assert stream_finish_reason(tap.tail) == "stop"
+    tap.feed(b'event: message_delta\ndata: {"delta":{"stop_reason":"max_tokens"}}\n\n')
+    assert stream_finish_reason(tap.tail) == "length"
     assert stream_finish_reason(Tap(StreamScanner(strip_usage=False)).tail) is None
 
 

@@ -214,3 +214,27 @@ def test_compare_off_mirrors_without_comparing(tmp_path: Path) -> None:
                 time.sleep(0.1)
             assert shadow.stats()["completed"] == 3
             assert _report(gw).json()["compared"] == {"agree": 0, "disagree": 0, "error": 0}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("mode", ["translated", "passthrough"])
+def test_messages_api_primary_is_compared(tmp_path: Path, mode: str, stream: bool) -> None:
+    """An Anthropic Messages request is mirrored as chat and compared with the primary's
+    answer, whether the primary was translated to chat or passed through to a backend that
+    speaks Messages (its text blocks and stop reason read from the Anthropic shape)."""
+    with SimServer("interactive", speedup=20, jitter=0.0) as primary, \
+            SimServer("interactive", speedup=20, jitter=0.0) as shadow:
+        data = _policy(primary.url, shadow.url)
+        if mode == "passthrough":
+            data["pools"][0]["backends"][0]["api"] = ["messages"]
+        with _gateway(tmp_path, data) as gw:
+            for i in range(2):
+                r = httpx.post(gw.url + "/v1/messages", timeout=30,
+                               headers={"x-api-key": TEST_KEY},
+                               json={"model": MODEL, "max_tokens": 10, "stream": stream,
+                                     "messages": [{"role": "user", "content": f"m{i}"}]})
+                assert r.status_code == 200, r.text
+            report = _settled(gw, 2)
+            assert report["compared"] == {"agree": 2, "disagree": 0, "error": 0}, report
+            assert report["window"]["output_tokens_ratio"] == 1.0
+            assert report["window"]["finish_reason_match"] == 1.0  # max_tokens reads length
