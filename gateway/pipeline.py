@@ -84,7 +84,7 @@ if TYPE_CHECKING:
     from gateway.telemetry import Metrics, RequestSpan, RequestTracing
     from gateway.types import Message, RawHeaders, Send
     from gateway.upstream.forward import Forwarded
-    from gateway.upstream.shadow import Mirror
+    from gateway.upstream.shadow import Mirror, Pairing
 
 __all__ = ["Inbound", "LineAnswer", "Pipeline", "Services"]
 
@@ -266,6 +266,8 @@ class Pipeline:
             answer += admitted.headers
         ctx.admitted = True  # from here on the request leaves exactly one usage record
         forwarded: Forwarded | None = None
+        shadowed: Pairing | None = None  # a mirrored request's comparison, fed the answer
+        metered: bytes | None = None
         try:
             # 4. route
             router = runtime.router
@@ -291,8 +293,11 @@ class Pipeline:
             headers = span.propagate(outbound_headers(inbound.headers, ctx))
             # 5. shadow (admitted requests only: a 429 is never mirrored)
             if model.shadow is not None:
-                services.mirror.start(router, model.shadow, CHAT_PATH if frontend else path,
-                                      parsed.payload, headers)
+                shadowed = services.mirror.start(
+                    router, model.shadow, CHAT_PATH if frontend else path, parsed.payload,
+                    headers, ctx, _record_content(runtime, ctx))
+                if shadowed is not None and scanner is not None:
+                    scanner = shadowed.tap(scanner)
             # 6. forward (retries before the first byte) and relay
             answer.append((b"x-gateway-class", (ctx.request_class or "").encode()))
             forwarded = await forward(router, services.upstream, route, ctx, path,
@@ -345,15 +350,16 @@ class Pipeline:
                     bill_failed=runtime.prices.bill_failed)
             if admitted is not None:  # settled in the background: the answer is complete
                 services.settle_later(admitted.admission.settle(*_actual(ctx.usage)))
+            if shadowed is not None:  # the primary's side of the comparison (read later)
+                shadowed.primary(ctx, forwarded, scanner, metered)
 
     def _finish(self, runtime: Runtime, ctx: RequestContext, parsed: ParsedRequest | None,
                 span: RequestSpan) -> None:
         """The request's telemetry and, if it was admitted, its one usage record."""
         if ctx.finished_ns is None:
             ctx.finished_ns = time.perf_counter_ns()
-        tenant = runtime.tenants.get(ctx.tenant or "")
         span.end(ctx, payload=parsed.payload if parsed is not None else None,
-                 record_content=tenant.record_content if tenant else False)
+                 record_content=_record_content(runtime, ctx))
         services = self.services
         services.finished(ctx, span)  # metrics and access line, in batches
         # 8. record (here only for a request that did not reach its response's end)
@@ -398,6 +404,13 @@ class Pipeline:
 #: the client API of each proxied path, for the usage record
 _API = {path: endpoint.api for path, endpoint in ENDPOINTS.items()}
 
+
+
+def _record_content(runtime: Runtime, ctx: RequestContext) -> bool:
+    """Whether the tenant's policy lets its prompt and answer text be kept (traces, shadow
+    examples); off for a tenant the policy does not name."""
+    tenant = runtime.tenants.get(ctx.tenant or "")
+    return tenant.record_content if tenant else False
 
 
 async def _send_error(send: Send, frontend: Frontend | None, error: GatewayError,

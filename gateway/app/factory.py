@@ -28,6 +28,7 @@ from gateway.api.health import Readiness
 from gateway.api.models import ModelsHandler
 from gateway.api.openapi import openapi_handlers
 from gateway.api.proxy import ProxyHandler
+from gateway.api.shadow import shadow_handlers
 from gateway.api.stored_responses import PREFIX as STORED_PREFIX
 from gateway.api.stored_responses import StoredResponsesHandler
 from gateway.api.usage import usage_handlers
@@ -239,7 +240,8 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
         return Response(body, media_type=content_type)
 
     handlers += [healthz, readyz, metrics, *admin_handlers(gateway),
-                 *usage_handlers(current, gateway.ledger), *openapi_handlers(current)]
+                 *usage_handlers(current, gateway.ledger), *openapi_handlers(current),
+                 *shadow_handlers(current, gateway.mirror.comparisons)]
     app = GatewayApp(
         route_handlers=handlers,
         lifespan=[lifespan],

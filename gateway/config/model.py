@@ -160,13 +160,27 @@ class Version(_Base, frozen=True):
 
 
 class Shadow(_Base, frozen=True):
-    """Mirror a share of requests to a shadow pool; responses are discarded, never billed."""
+    """Mirror a share of requests to a shadow pool; its answers never reach the client and are
+    never billed, and each chat or completions answer is compared with the primary's."""
 
     pool: Name
     share: Annotated[float, msgspec.Meta(ge=0, le=1)]
     backend_model: str | None = None
     #: shadow requests in flight at most; beyond, mirroring is skipped (never queued)
     max_in_flight: PositiveInt = 64
+    #: the label of the version this shadow tries, in reports and metrics (default: its
+    #: backend model, else its pool)
+    version: str | None = None
+    #: two answers agree when equal after whitespace normalisation, or when their ROUGE-1 F
+    #: (word overlap) is at least this
+    agree_similarity: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.9
+    #: compare the shadow's chat and completions answers with the primary's (false: mirror
+    #: and count only)
+    compare: bool = True
+
+    @property
+    def label(self) -> str:
+        return self.version or self.backend_model or self.pool
 
 
 Amount = Annotated[str, msgspec.Meta(pattern=r"^\d+(\.\d+)?$")] | int | float
@@ -444,7 +458,8 @@ class Tenant(_Base, frozen=True):
     plan: Name
     #: the class of this tenant's requests unless a key, header or rule says otherwise
     default_class: Name | None = None
-    #: record prompt and completion text in traces (off unless turned on per tenant)
+    #: record prompt and completion text in traces, and the texts of disagreeing shadow
+    #: answers (off unless turned on per tenant; counts and agreement are always kept)
     record_content: bool = False
     #: the team this tenant belongs to (and so the team's organization)
     team: GroupName | None = None

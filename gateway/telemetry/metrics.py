@@ -57,6 +57,8 @@ __all__ = [
     "ALL_TENANTS",
     "DURATION_BUCKETS",
     "QUEUE_BUCKETS",
+    "RATIO_BUCKETS",
+    "SIMILARITY_BUCKETS",
     "TPOT_BUCKETS",
     "TTFT_BUCKETS",
     "Metrics",
@@ -72,6 +74,10 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.
 #: whole request, seconds: embeddings in tens of ms to long generations over minutes
 DURATION_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0,
                     300.0, 600.0)
+#: ROUGE-1 F of a shadow answer and the primary's
+SIMILARITY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+#: shadow / primary latency: a quarter as long to four times as long
+RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0)
 #: waiting for a backend slot, seconds
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -259,6 +265,18 @@ class Metrics:
         self.shadow_requests = Counter("gateway_shadow_requests",
                                        "Shadow (mirrored) requests, by outcome.", ["status"],
                                        registry=r)
+        self.shadow_compared_total = Counter(
+            "gateway_shadow_compared", "Shadow answers compared with the primary's, by outcome "
+            "(agree, disagree, error: either side not a complete 2xx answer).",
+            ["model", "version", "outcome"], registry=r)
+        self.shadow_similarity = Histogram(
+            "gateway_shadow_similarity", "ROUGE-1 F of a shadow answer and the primary's "
+            "(1: the same words).", ["model", "version"], buckets=SIMILARITY_BUCKETS,
+            registry=r)
+        self.shadow_latency_ratio = Histogram(
+            "gateway_shadow_latency_ratio", "Shadow / primary latency of one mirrored request "
+            "(kind: ttft, duration).", ["model", "version", "kind"],
+            buckets=RATIO_BUCKETS, registry=r)
         self.ttft = Histogram("gateway_ttft_seconds", "Time to first token (streams).",
                               _SERIES, buckets=TTFT_BUCKETS, registry=r)
         self.tpot = Histogram("gateway_tpot_seconds", "Time per output token after the first "
@@ -413,6 +431,20 @@ class Metrics:
         """One shadow request finished (``status``: its HTTP status, or ``error`` / ``dropped``)."""
         if self.enabled:
             self.shadow_requests.labels(str(status)).inc()
+
+    def shadow_compared(self, model: str, version: str, outcome: str,
+                        similarity: float | None, ttft_ratio: float | None,
+                        duration_ratio: float | None) -> None:
+        """One shadow answer compared with the primary's (measures None for an error)."""
+        if not self.enabled:
+            return
+        self.shadow_compared_total.labels(model, version, outcome).inc()
+        if similarity is not None:
+            self.shadow_similarity.labels(model, version).observe(similarity)
+        if ttft_ratio is not None:
+            self.shadow_latency_ratio.labels(model, version, "ttft").observe(ttft_ratio)
+        if duration_ratio is not None:
+            self.shadow_latency_ratio.labels(model, version, "duration").observe(duration_ratio)
 
     def ejection(self, pool: str, backend: str) -> None:
         """A backend was ejected; also marks it unhealthy."""
