@@ -1,0 +1,202 @@
+"""Weighted fair queuing of a pool's waiters between flows (tenants), inside class priority.
+
+A pool's queue has one *level* per class priority (a lower number is served first, always),
+and inside a level one FIFO-by-deadline queue per *flow* (a tenant, or one flow for all when
+the pool is not fair). Between the flows of a level the order is self-clocked fair queuing
+(Golestani 1994), the finish-tag variant of weighted fair queuing:
+
+- a flow's head waiter gets the tag ``start + cost / weight``, where ``start`` is the larger of
+  the level's virtual time and the tag of the flow's last served waiter, and ``cost`` is the
+  request's estimated prompt + output tokens;
+- the head with the smallest tag is served next, and the level's virtual time becomes its tag.
+
+So each backlogged flow is served tokens in proportion to its weight (to within one request's
+cost), and a flow that was idle starts at the current virtual time: it banks no credit while
+idle, and nothing is reserved for it, so a flow alone gets the whole pool. Tags are charged
+only on service: a waiter that leaves unserved (its deadline, its client) costs its flow
+nothing. A flow's state is dropped once it has nothing queued (its last tag is then at most the
+virtual time, which is where it would start again), so memory follows what is queued.
+
+Pure: no clock, no I/O, no asyncio; :class:`~gateway.routing.pool.PoolState` puts its waiters
+here and asks for the next one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+__all__ = ["FairQueue"]
+
+T = TypeVar("T")
+
+
+class _Flow(Generic[T]):
+    """One flow's waiters in a level, ordered by ``order`` (deadline, then arrival)."""
+
+    __slots__ = ("entries", "head_tag", "queued_cost", "start", "version")
+
+    def __init__(self, start: float) -> None:
+        self.entries: list[tuple[Any, float, T]] = []  # (order, cost / weight, item): a heap
+        #: start tag of its head (the tag of its last served waiter, or the virtual time when
+        #: it became backlogged); its head's tag is start + the head's share
+        self.start = start
+        self.head_tag = 0.0
+        self.queued_cost = 0.0  # sum of cost / weight of its entries
+        self.version = 0  # bumps when the head changes; older heap entries are stale
+
+
+class _Level(Generic[T]):
+    """One class priority: its virtual time, its flows, and a heap of their heads' tags."""
+
+    __slots__ = ("flows", "heads", "vtime")
+
+    def __init__(self) -> None:
+        self.vtime = 0.0
+        self.flows: dict[str, _Flow[T]] = {}
+        self.heads: list[tuple[float, int, str, int]] = []  # (tag, tie, flow, version)
+
+
+class FairQueue(Generic[T]):
+    """Waiters by class priority, then weighted fair share of tokens between flows.
+
+    ``first(alive)`` gives the waiter to serve next (dropping waiters ``alive`` says are gone);
+    ``pop_first()`` then takes it and charges its flow. Iterating yields every waiter held,
+    gone ones included until they are dropped.
+    """
+
+    __slots__ = ("_current", "_levels", "_tie")
+
+    def __init__(self) -> None:
+        self._levels: dict[int, _Level[T]] = {}
+        self._tie = itertools.count()
+        self._current: tuple[int, str] | None = None  # (level, flow) of what first() gave
+
+    def push(self, item: T, *, level: int, order: Any, flow: str, weight: float,
+             cost: float) -> None:
+        """Queue ``item``; ``order`` (unique, comparable) orders it inside its flow."""
+        lv = self._levels.get(level)
+        if lv is None:
+            lv = self._levels[level] = _Level()
+        f = lv.flows.get(flow)
+        if f is None:
+            f = lv.flows[flow] = _Flow(lv.vtime)  # newly backlogged: starts at virtual time
+        share = max(cost, 1.0) / weight
+        entry = (order, share, item)
+        heapq.heappush(f.entries, entry)
+        f.queued_cost += share
+        if f.entries[0] is entry:  # a new head (first, or earlier than the old head): it
+            self._new_head(lv, flow, f, f.start)  # takes the old head's place and start
+        self._current = None
+
+    def first(self, alive: Callable[[T], bool]) -> T | None:
+        """The waiter to serve next, or None; waiters not ``alive`` are dropped on the way."""
+        while self._levels:
+            level = min(self._levels)
+            lv = self._levels[level]
+            while lv.heads:
+                _, _, name, version = lv.heads[0]
+                f = lv.flows.get(name)
+                if f is None or f.version != version:
+                    heapq.heappop(lv.heads)  # stale: the flow's head changed since
+                    continue
+                item = f.entries[0][2]
+                if alive(item):
+                    self._current = (level, name)
+                    return item
+                self._drop_head(lv, name, f, served=False)
+            del self._levels[level]
+        self._current = None
+        return None
+
+    def pop_first(self) -> T:
+        """Take the waiter :meth:`first` just gave, charge its flow, advance virtual time."""
+        if self._current is None:
+            raise LookupError("pop_first() without a waiter from first()")
+        level, name = self._current
+        self._current = None
+        lv = self._levels[level]
+        f = lv.flows[name]
+        item = f.entries[0][2]
+        self._drop_head(lv, name, f, served=True)
+        if not lv.flows:
+            del self._levels[level]  # all idle: a fresh level is the same as this one
+        return item
+
+    def ahead_of(self, *, level: int, flow: str, weight: float, cost: float) -> int:
+        """About how many queued waiters a new one of ``flow`` would be served after: all of
+        the levels before its own, and in its own those whose tags would be smaller.
+
+        A flow's later waiters are taken to be spaced by its mean cost per waiter."""
+        ahead = sum(len(f.entries) for key, other in self._levels.items() if key < level
+                    for f in other.flows.values())
+        lv = self._levels.get(level)
+        if lv is None:
+            return ahead
+        share = max(cost, 1.0) / weight
+        own = lv.flows.get(flow)
+        if own is None:
+            tag = lv.vtime + share
+        else:
+            ahead += len(own.entries)
+            tag = own.head_tag + own.queued_cost - own.entries[0][1] + share
+        for name, f in lv.flows.items():
+            if name == flow or not f.entries:
+                continue
+            spacing = f.queued_cost / len(f.entries)
+            if tag >= f.head_tag:
+                ahead += min(len(f.entries), 1 + math.floor((tag - f.head_tag) / spacing))
+        return ahead
+
+    def vtime(self, level: int) -> float:
+        """The level's virtual time (0 for a level with nothing queued)."""
+        lv = self._levels.get(level)
+        return lv.vtime if lv is not None else 0.0
+
+    def flows(self, level: int) -> int:
+        """Flows with something queued in ``level``."""
+        lv = self._levels.get(level)
+        return len(lv.flows) if lv is not None else 0
+
+    def __iter__(self) -> Iterator[T]:
+        for lv in self._levels.values():
+            for f in lv.flows.values():
+                for _, _, item in f.entries:
+                    yield item
+
+    def __len__(self) -> int:
+        return sum(len(f.entries) for lv in self._levels.values() for f in lv.flows.values())
+
+    def __bool__(self) -> bool:
+        return bool(self._levels)
+
+    def __repr__(self) -> str:
+        levels = ", ".join(f"{k}: {len(lv.flows)} flows @ {lv.vtime:.0f}"
+                           for k, lv in sorted(self._levels.items()))
+        return f"<FairQueue [{levels}]>"
+
+    # --- heads
+    def _new_head(self, lv: _Level[T], name: str, f: _Flow[T], start: float) -> None:
+        f.version += 1
+        f.start = start
+        f.head_tag = start + f.entries[0][1]
+        heapq.heappush(lv.heads, (f.head_tag, next(self._tie), name, f.version))
+
+    def _drop_head(self, lv: _Level[T], name: str, f: _Flow[T], *, served: bool) -> None:
+        """Remove the flow's head: served (charged: the next starts at its tag, and virtual
+        time moves there) or gone (free: the next takes its start)."""
+        _, share, _ = heapq.heappop(f.entries)
+        f.queued_cost -= share
+        start = f.start
+        if served:
+            lv.vtime = max(lv.vtime, f.head_tag)
+            start = f.head_tag
+        if f.entries:
+            self._new_head(lv, name, f, start)
+        else:
+            del lv.flows[name]  # its last tag is <= vtime: it would start there anyway
