@@ -1,21 +1,25 @@
 """Weighted fair queuing of a pool's waiters between flows (tenants), inside class priority.
 
 A pool's queue has one *level* per class priority (a lower number is served first, always),
-and inside a level one FIFO-by-deadline queue per *flow* (a tenant, or one flow for all when
-the pool is not fair). Between the flows of a level the order is self-clocked fair queuing
-(Golestani 1994), the finish-tag variant of weighted fair queuing:
+and inside a level one queue per *flow* (a tenant, or one flow for all when the pool is not
+fair) ordered by deadline, then arrival. Between the flows of a level the order is start-time
+fair queuing (SFQ: Goyal, Vin and Cheng, 1996), weighted fair queuing's variant that needs no
+simulated fluid system:
 
-- a flow's head waiter gets the tag ``start + cost / weight``, where ``start`` is the larger of
-  the level's virtual time and the tag of the flow's last served waiter, and ``cost`` is the
-  request's estimated prompt + output tokens;
-- the head with the smallest tag is served next, and the level's virtual time becomes its tag.
+- a request's tags are ``start`` and ``finish = start + cost / weight``, where ``cost`` is its
+  estimated prompt + output tokens; ``start`` is the larger of the level's virtual time and the
+  finish tag of its flow's previous request;
+- the flow head with the smallest start tag is served next, and the level's virtual time
+  becomes that start tag.
 
 So each backlogged flow is served tokens in proportion to its weight (to within one request's
-cost), and a flow that was idle starts at the current virtual time: it banks no credit while
-idle, and nothing is reserved for it, so a flow alone gets the whole pool. Tags are charged
-only on service: a waiter that leaves unserved (its deadline, its client) costs its flow
-nothing. A flow's state is dropped once it has nothing queued (its last tag is then at most the
-virtual time, which is where it would start again), so memory follows what is queued.
+cost per flow), and a flow that was idle starts at the current virtual time: it banks no credit
+while idle, and nothing is held for it, so a flow alone gets the whole pool. Serving by start
+tag (rather than finish, as WFQ does) lets a light flow's request go at the next free slot
+beside a flood, instead of after one more of the flood's. Tags are charged only on service: a
+waiter that leaves unserved (its deadline, its client) costs its flow nothing. An empty flow's
+last finish tag is kept only while it is ahead of the virtual time, so memory follows what is
+queued.
 
 Pure: no clock, no I/O, no asyncio; :class:`~gateway.routing.pool.PoolState` puts its waiters
 here and asks for the next one.
@@ -39,27 +43,28 @@ T = TypeVar("T")
 class _Flow(Generic[T]):
     """One flow's waiters in a level, ordered by ``order`` (deadline, then arrival)."""
 
-    __slots__ = ("entries", "head_tag", "queued_cost", "start", "version")
+    __slots__ = ("entries", "queued_cost", "start", "version")
 
     def __init__(self, start: float) -> None:
         self.entries: list[tuple[Any, float, T]] = []  # (order, cost / weight, item): a heap
-        #: start tag of its head (the tag of its last served waiter, or the virtual time when
-        #: it became backlogged); its head's tag is start + the head's share
+        #: start tag of its head: the finish tag of its last served waiter, or the virtual
+        #: time when it became backlogged
         self.start = start
-        self.head_tag = 0.0
         self.queued_cost = 0.0  # sum of cost / weight of its entries
-        self.version = 0  # bumps when the head changes; older heap entries are stale
+        self.version = -1  # the heap entry of its current head; any other entry is stale
 
 
 class _Level(Generic[T]):
     """One class priority: its virtual time, its flows, and a heap of their heads' tags."""
 
-    __slots__ = ("flows", "heads", "vtime")
+    __slots__ = ("finished", "flows", "heads", "vtime")
 
     def __init__(self) -> None:
         self.vtime = 0.0
         self.flows: dict[str, _Flow[T]] = {}
-        self.heads: list[tuple[float, int, str, int]] = []  # (tag, tie, flow, version)
+        self.heads: list[tuple[float, int, str]] = []  # (start, version, flow)
+        #: finish tags of flows with nothing queued, while ahead of the virtual time
+        self.finished: dict[str, float] = {}
 
 
 class FairQueue(Generic[T]):
@@ -85,7 +90,8 @@ class FairQueue(Generic[T]):
             lv = self._levels[level] = _Level()
         f = lv.flows.get(flow)
         if f is None:
-            f = lv.flows[flow] = _Flow(lv.vtime)  # newly backlogged: starts at virtual time
+            # newly backlogged: at the virtual time, or its last finish if still ahead of it
+            f = lv.flows[flow] = _Flow(max(lv.vtime, lv.finished.pop(flow, 0.0)))
         share = max(cost, 1.0) / weight
         entry = (order, share, item)
         heapq.heappush(f.entries, entry)
@@ -100,7 +106,7 @@ class FairQueue(Generic[T]):
             level = min(self._levels)
             lv = self._levels[level]
             while lv.heads:
-                _, _, name, version = lv.heads[0]
+                _, version, name = lv.heads[0]
                 f = lv.flows.get(name)
                 if f is None or f.version != version:
                     heapq.heappop(lv.heads)  # stale: the flow's head changed since
@@ -128,29 +134,28 @@ class FairQueue(Generic[T]):
             del self._levels[level]  # all idle: a fresh level is the same as this one
         return item
 
-    def ahead_of(self, *, level: int, flow: str, weight: float, cost: float) -> int:
+    def ahead_of(self, *, level: int, flow: str) -> int:
         """About how many queued waiters a new one of ``flow`` would be served after: all of
-        the levels before its own, and in its own those whose tags would be smaller.
-
-        A flow's later waiters are taken to be spaced by its mean cost per waiter."""
+        the levels before its own, and in its own those whose start tags would be smaller
+        (its own size does not move its start). A flow's later waiters are taken to be
+        spaced by its mean cost per waiter."""
         ahead = sum(len(f.entries) for key, other in self._levels.items() if key < level
                     for f in other.flows.values())
         lv = self._levels.get(level)
         if lv is None:
             return ahead
-        share = max(cost, 1.0) / weight
         own = lv.flows.get(flow)
         if own is None:
-            tag = lv.vtime + share
+            tag = max(lv.vtime, lv.finished.get(flow, 0.0))
         else:
             ahead += len(own.entries)
-            tag = own.head_tag + own.queued_cost - own.entries[0][1] + share
+            tag = own.start + own.queued_cost  # its start: after all of its flow's queued
         for name, f in lv.flows.items():
             if name == flow or not f.entries:
                 continue
             spacing = f.queued_cost / len(f.entries)
-            if tag >= f.head_tag:
-                ahead += min(len(f.entries), 1 + math.floor((tag - f.head_tag) / spacing))
+            if tag >= f.start:  # its waiters start at f.start, f.start + spacing, ...
+                ahead += min(len(f.entries), 1 + math.floor((tag - f.start) / spacing))
         return ahead
 
     def vtime(self, level: int) -> float:
@@ -182,21 +187,25 @@ class FairQueue(Generic[T]):
 
     # --- heads
     def _new_head(self, lv: _Level[T], name: str, f: _Flow[T], start: float) -> None:
-        f.version += 1
+        f.version = next(self._tie)  # unique across flows, old and new: older entries stale
         f.start = start
-        f.head_tag = start + f.entries[0][1]
-        heapq.heappush(lv.heads, (f.head_tag, next(self._tie), name, f.version))
+        heapq.heappush(lv.heads, (start, f.version, name))
 
     def _drop_head(self, lv: _Level[T], name: str, f: _Flow[T], *, served: bool) -> None:
-        """Remove the flow's head: served (charged: the next starts at its tag, and virtual
-        time moves there) or gone (free: the next takes its start)."""
+        """Remove the flow's head: served (charged: virtual time moves to its start, and the
+        flow's next starts at its finish) or gone (free: the next takes its start)."""
         _, share, _ = heapq.heappop(f.entries)
         f.queued_cost -= share
         start = f.start
         if served:
-            lv.vtime = max(lv.vtime, f.head_tag)
-            start = f.head_tag
+            lv.vtime = max(lv.vtime, start)
+            start += share  # its finish tag
         if f.entries:
             self._new_head(lv, name, f, start)
-        else:
-            del lv.flows[name]  # its last tag is <= vtime: it would start there anyway
+            return
+        del lv.flows[name]
+        if start > lv.vtime:
+            lv.finished[name] = start  # a debt to pay if it comes back soon
+        if len(lv.finished) > 2 * len(lv.flows) + 64:  # forget the paid ones
+            vtime = lv.vtime
+            lv.finished = {n: t for n, t in lv.finished.items() if t > vtime}

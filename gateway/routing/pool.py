@@ -196,8 +196,7 @@ class PoolState:
             raise PoolSaturated(f"pool '{self.name}' queue is full ({ahead} waiting)",
                                 self._retry_after(ahead))
         flow = tenant if self.config.fair else ""
-        expected = self._expected_wait(self._queue.ahead_of(
-            level=priority, flow=flow, weight=weight, cost=tokens))
+        expected = self._expected_wait(self._queue.ahead_of(level=priority, flow=flow))
         if now + expected > deadline:
             raise PoolSaturated(
                 f"pool '{self.name}' cannot start this request before its deadline"
