@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench.fairness_bench",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--duration", type=float, default=25.0, help="seconds per scenario (25)")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds per scenario (30)")
     p.add_argument("--calibrate", type=float, default=6.0,
                    help="seconds measuring the capacity, after 3 s of warm-up (6)")
     p.add_argument("--engines", type=int, default=2, help="simulated engines in the pool (2)")
@@ -270,8 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                    "the 2-core box for the same queueing)")
     p.add_argument("--prompt", type=int, default=256, help="prompt tokens (256)")
     p.add_argument("--output", type=int, default=64, help="output tokens (64)")
-    p.add_argument("--b-share", type=float, default=0.2,
-                   help="B's rate as a share of the measured capacity (0.2)")
+    p.add_argument("--b-share", type=float, default=0.15,
+                   help="B's rate as a share of the measured capacity (0.15: well inside its "
+                   "fair share of 0.5)")
     p.add_argument("--a-factor", type=float, default=5.0,
                    help="A's rate as a multiple of its fair share, half the capacity (5)")
     p.add_argument("--deadline", type=float, default=5.0,
