@@ -57,7 +57,7 @@ class _Flow(Generic[T]):
 class _Level(Generic[T]):
     """One class priority: its virtual time, its flows, and a heap of their heads' tags."""
 
-    __slots__ = ("finished", "flows", "heads", "vtime")
+    __slots__ = ("finished", "flows", "heads", "prune_at", "vtime")
 
     def __init__(self) -> None:
         self.vtime = 0.0
@@ -65,6 +65,7 @@ class _Level(Generic[T]):
         self.heads: list[tuple[float, int, str]] = []  # (start, version, flow)
         #: finish tags of flows with nothing queued, while ahead of the virtual time
         self.finished: dict[str, float] = {}
+        self.prune_at = 64  # size of ``finished`` that triggers dropping the paid ones
 
 
 class FairQueue(Generic[T]):
@@ -130,8 +131,8 @@ class FairQueue(Generic[T]):
         f = lv.flows[name]
         item = f.entries[0][2]
         self._drop_head(lv, name, f, served=True)
-        if not lv.flows:
-            del self._levels[level]  # all idle: a fresh level is the same as this one
+        if not lv.flows:  # all idle: dropping the level forgets at most one request's
+            del self._levels[level]  # debt per flow, with nobody waiting
         return item
 
     def ahead_of(self, *, level: int, flow: str) -> int:
@@ -206,6 +207,7 @@ class FairQueue(Generic[T]):
         del lv.flows[name]
         if start > lv.vtime:
             lv.finished[name] = start  # a debt to pay if it comes back soon
-        if len(lv.finished) > 2 * len(lv.flows) + 64:  # forget the paid ones
-            vtime = lv.vtime
+        if len(lv.finished) > lv.prune_at:  # forget the paid ones (amortised: the bound
+            vtime = lv.vtime  # doubles past what is still owed)
             lv.finished = {n: t for n, t in lv.finished.items() if t > vtime}
+            lv.prune_at = 2 * len(lv.finished) + 64

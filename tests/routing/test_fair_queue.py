@@ -177,6 +177,21 @@ def test_state_follows_what_is_queued() -> None:
     assert repr(q) == "<FairQueue []>"
 
 
+def test_remembered_finish_tags_stay_bounded() -> None:
+    """Beside a backlogged tenant, 20,000 one-off tenants come and go: the finish tags kept
+    for returning tenants are dropped once the virtual time passes them."""
+    q: FairQueue[str] = FairQueue()
+    order = _Order()
+    for i in range(10):  # A stays backlogged: the level (and its memory) lives on
+        q.push(f"a-{i}", level=0, order=order(), flow="a", weight=1, cost=100)
+    for i in range(20_000):
+        q.push(f"a{i}", level=0, order=order(), flow="a", weight=1, cost=100)
+        q.push(f"t{i}", level=0, order=order(), flow=f"t{i}", weight=1, cost=100)
+        _serve(q, 2)
+        assert len(q._levels[0].finished) <= 200  # the bound under test (a private field)
+    assert q.flows(0) == 1
+
+
 def test_ahead_of_counts_what_a_newcomer_is_served_after() -> None:
     """With 100 of A queued, a new B waits behind about one of them; a new A behind all."""
     q: FairQueue[str] = FairQueue()
