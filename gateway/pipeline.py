@@ -487,8 +487,8 @@ def _weight(runtime: Runtime, tenant: str | None) -> float:
 
 def _tokens(admitted: Admitted | None, size: int, output: int) -> int:
     """The request's estimated prompt + output tokens, for its tenant's fair share: the
-    prompt as admission counted it, else a quarter of the body's bytes (never counted again
-    only for this: the share needs a relative size, not an exact one)."""
+    prompt as admission counted it, else a quarter of the body's bytes. The prompt is not
+    tokenised for this alone: the share needs a relative size, not an exact one."""
     split = admitted.split if admitted is not None else None
     return (split.total if split is not None else size // 4) + output
 
