@@ -274,6 +274,8 @@ class Pipeline:
             session = header_value(inbound.headers, SESSION_HEADER)
             route = router.route_request(model, ctx.request_class or "", ctx.key_id,
                                          parsed.payload, session)
+            route.tenant, route.weight = ctx.tenant or "", _weight(runtime, ctx.tenant)
+            route.tokens = _tokens(admitted, size, _output(model, parsed))
             ctx.version, ctx.upstream_model = route.version, route.upstream_model
             path, frontend = endpoint.path, frontend_for(endpoint.api)
             shape: Shape = "openai"
@@ -483,6 +485,25 @@ def _output(model: Model, parsed: ParsedRequest) -> int:
     """The most output the request may produce: its limit, or the model's default."""
     limit = parsed.payload.get("max_completion_tokens") or parsed.payload.get("max_tokens")
     return limit if isinstance(limit, int) and limit >= 0 else model.default_max_tokens
+
+
+def _weight(runtime: Runtime, tenant: str | None) -> float:
+    """The tenant's fair-queuing weight: its own, else its plan's, else 1."""
+    t = runtime.tenants.get(tenant or "")
+    if t is None:
+        return 1.0
+    if t.weight is not None:
+        return t.weight
+    plan = runtime.plans.get(t.plan)
+    return plan.weight if plan is not None else 1.0
+
+
+def _tokens(admitted: Admitted | None, size: int, output: int) -> int:
+    """The request's estimated prompt + output tokens, for its tenant's fair share: the
+    prompt as admission counted it, else a quarter of the body's bytes. The prompt is not
+    tokenised for this alone: the share needs a relative size, not an exact one."""
+    split = admitted.split if admitted is not None else None
+    return (split.total if split is not None else size // 4) + output
 
 
 def _upstream_body(parsed: ParsedRequest, body: bytes, upstream_model: str

@@ -143,6 +143,9 @@ class Pool(_Base, frozen=True):
     health: Health = msgspec.field(default_factory=Health)
     signals: Signals | None = None
     affinity: Affinity | None = None
+    #: inside a class, serve tenants by weighted fair share of tokens (a tenant's ``weight``,
+    #: else its plan's); false: one queue for all, by deadline and arrival
+    fair: bool = True
 
 
 class Version(_Base, frozen=True):
@@ -408,6 +411,9 @@ class Plan(_Base, frozen=True):
     name: Name
     limits: LimitSet = msgspec.field(default_factory=LimitSet)
     models: dict[str, LimitSet] = msgspec.field(default_factory=dict)
+    #: its tenants' share of a busy pool, against other tenants of the same class (fair
+    #: queuing): a tenant of weight 2 is served twice the tokens of one of weight 1
+    weight: PositiveFloat = 1.0
 
 
 # --- organizations, teams and budget alerts (issue 16) ---------------------------------------
@@ -465,6 +471,8 @@ class Tenant(_Base, frozen=True):
     team: GroupName | None = None
     #: the organization this tenant belongs to without a team (or its team's, if repeated)
     organization: GroupName | None = None
+    #: its share of a busy pool against other tenants of its class (default: its plan's)
+    weight: PositiveFloat | None = None
 
 
 class Store(_Base, frozen=True):

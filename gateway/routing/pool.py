@@ -1,14 +1,15 @@
 """A pool at run time: its backends, its waiting queue, and the figures spill-over reads.
 
-The queue is ordered by class priority, then deadline, then arrival, so an interactive request
-never waits behind a batch request. A waiting request holds no backend connection: it holds a
-future that :meth:`PoolState.dispatch` completes with a backend when one frees up.
+The queue is ordered by class priority first, so an interactive request never waits behind a
+batch request; inside a class, by weighted fair share of tokens between tenants
+(:mod:`gateway.routing.fair`; with ``fair: false``, one flow for all), and inside a tenant by
+deadline, then arrival. A waiting request holds no backend connection: it holds a future that
+:meth:`PoolState.dispatch` completes with a backend when one frees up.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import random
 import time
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from gateway.routing.backend import BackendState
 from gateway.routing.errors import NoHealthyBackend, PoolCoolingDown, PoolSaturated
+from gateway.routing.fair import FairQueue
 from gateway.routing.pick import pick_affine, pick_least_loaded, pick_round_robin
 
 if TYPE_CHECKING:
@@ -46,6 +48,11 @@ class _Waiter:
         return self.key < other.key
 
 
+def _waiting(waiter: _Waiter) -> bool:
+    """Still waiting (not timed out, cancelled or served)."""
+    return not waiter.future.done()
+
+
 class PoolState:
     """A pool's backends (in policy order), queue and recent latency."""
 
@@ -64,7 +71,7 @@ class PoolState:
             else:
                 state = BackendState(b, label)
             self.backends.append(state)
-        self._queue: list[_Waiter] = []
+        self._queue: FairQueue[_Waiter] = FairQueue()
         self._seq = itertools.count()
         self._rr = itertools.count()
         self._rng = random.Random()
@@ -159,12 +166,19 @@ class PoolState:
         deadline: float,
         exclude: Collection[BackendState] = (),
         affinity: bytes | None = None,
+        *,
+        tenant: str = "",
+        weight: float = 1.0,
+        tokens: int = 0,
     ) -> BackendState:
         """A backend for a request: at once if one is free, else after waiting in the queue.
 
-        Raises :class:`PoolSaturated` (with a retry-after) when the queue is full or the request
-        cannot start before ``deadline``, and :class:`NoHealthyBackend` when nothing could ever
-        serve it. Waiting holds no backend connection.
+        While it waits, ``tenant`` (its flow), ``weight`` and ``tokens`` (its estimated prompt +
+        output) place it among the other tenants of its class. Raises :class:`PoolSaturated`
+        (with a retry-after) when the queue is full or the request cannot start before
+        ``deadline`` (judged from the waiters it would be served after, not all of them), and
+        :class:`NoHealthyBackend` when nothing could ever serve it. Waiting holds no backend
+        connection.
         """
         now = time.monotonic()
         backend = None if self.queued else self.try_pick(now, exclude, affinity)
@@ -181,14 +195,16 @@ class PoolState:
         if ahead >= self.config.queue_size:
             raise PoolSaturated(f"pool '{self.name}' queue is full ({ahead} waiting)",
                                 self._retry_after(ahead))
-        expected = self._expected_wait(ahead)
+        flow = tenant if self.config.fair else ""
+        expected = self._expected_wait(self._queue.ahead_of(level=priority, flow=flow))
         if now + expected > deadline:
             raise PoolSaturated(
                 f"pool '{self.name}' cannot start this request before its deadline"
                 f" ({ahead} waiting, ~{expected:.1f}s)", self._retry_after(ahead))
         future: asyncio.Future[BackendState] = asyncio.get_running_loop().create_future()
         waiter = _Waiter((priority, deadline, next(self._seq)), future, exclude, affinity)
-        heapq.heappush(self._queue, waiter)
+        self._queue.push(waiter, level=priority, order=waiter.key, flow=flow, weight=weight,
+                         cost=tokens)
         self.dispatch()
         try:
             async with asyncio.timeout(max(0.0, deadline - now)):
@@ -222,18 +238,14 @@ class PoolState:
         self.dispatch()
 
     def dispatch(self) -> None:
-        """Hand free backends to waiters in queue order."""
+        """Hand free backends to waiters in queue order (the fair queue's next, each time)."""
         queue = self._queue
         now = time.monotonic()
-        while queue:
-            waiter = queue[0]
-            if waiter.future.done():
-                heapq.heappop(queue)
-                continue
+        while (waiter := queue.first(_waiting)) is not None:
             backend = self.try_pick(now, waiter.exclude, waiter.affinity)
             if backend is None:
                 return
-            heapq.heappop(queue)
+            queue.pop_first()  # served: charged to its tenant's share
             waiter.future.set_result(backend)
 
     # --- queue estimates

@@ -46,6 +46,11 @@ class Route:
     version: str | None = None
     affinity: bytes | None = None
     tried: list[BackendState] = field(default_factory=list)
+    #: whose request it is and its share (fair queuing between tenants inside a class)
+    tenant: str = ""
+    weight: float = 1.0
+    #: estimated prompt + output tokens: what the request costs its tenant's share
+    tokens: int = 0
 
 
 class Router:
@@ -129,12 +134,16 @@ class Router:
                 backend = other.try_pick(now, exclude, route.affinity)
                 if backend is not None:
                     return other, backend
+        tenant, weight, tokens = route.tenant, route.weight, route.tokens
         if not pool.untried(now, exclude):
             for other in route.spill:
                 if other.untried(now, exclude):
-                    return other, await other.acquire(priority, route.deadline, exclude)
+                    return other, await other.acquire(
+                        priority, route.deadline, exclude,
+                        tenant=tenant, weight=weight, tokens=tokens)
             raise NoHealthyBackend(f"pool '{pool.name}' has no healthy backend to try")
-        return pool, await pool.acquire(priority, route.deadline, exclude, route.affinity)
+        return pool, await pool.acquire(priority, route.deadline, exclude, route.affinity,
+                                        tenant=tenant, weight=weight, tokens=tokens)
 
     def __repr__(self) -> str:
         return f"<Router [pools: {', '.join(self.pools)} | classes: {', '.join(self.classes)}]>"

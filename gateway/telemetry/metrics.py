@@ -23,7 +23,9 @@ gauge                       mode        why
 Label cardinality is bounded: model, pool, class and backend come from the policy, status from
 the gateway. The optional tenant label takes the first ``tenant_cap`` tenants a worker sees;
 the rest read ``other`` (per worker: with N workers up to N x cap names may appear in total).
-``gateway_spend_total`` always has the (capped) tenant label - spend per tenant is its point.
+``gateway_spend_total`` always has the (capped) tenant label - spend per tenant is its point;
+so have ``gateway_tenant_queue_wait_seconds`` and ``gateway_tenant_dispatched_tokens_total``
+(fair queuing: how long each tenant waits for a pool, and the share of it each is served).
 
 Per-tenant values are for a protected endpoint: with ``tenant_series=False`` (the gateway's
 choice when ``/metrics`` has no token, ``GATEWAY_METRICS_TOKEN`` unset) every tenant label
@@ -211,6 +213,26 @@ class _Bound:
 _KINDS = ("input", "system", "history", "new", "tools", "cached", "output")
 
 
+class _Dispatched:
+    """One (pool, tenant)'s queue waits and dispatched tokens since the last flush."""
+
+    __slots__ = ("labels", "metrics", "token_child", "tokens", "wait")
+
+    def __init__(self, m: Metrics, pool: str, tenant: str) -> None:
+        self.metrics, self.labels = m, (pool, tenant)
+        self.wait = _Hist(m.tenant_queue_wait, self.labels, QUEUE_BUCKETS)
+        self.tokens = 0
+        self.token_child: Any = None
+
+    def flush(self) -> None:
+        self.wait.flush()
+        if self.tokens:
+            if self.token_child is None:
+                self.token_child = self.metrics.tenant_tokens.labels(*self.labels)
+            self.token_child.inc(self.tokens)
+            self.tokens = 0
+
+
 class Metrics:
     """The gateway's metric families, on a registry of its own (never the global one)."""
 
@@ -227,6 +249,7 @@ class Metrics:
             values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
         self._tenants: dict[str, str] = {}
         self._bound: dict[tuple[Any, ...], _Bound] = {}
+        self._dispatched: dict[tuple[str, str], _Dispatched] = {}
         self._spend_pending: dict[tuple[str, str], int] = {}  # micro-units, not yet flushed
         self.flush_interval = flush_interval
         self._next_flush = time.monotonic() + flush_interval
@@ -286,6 +309,14 @@ class Metrics:
         self.queue_wait = Histogram("gateway_queue_wait_seconds",
                                     "Time waiting for a backend slot.", _ROUTE,
                                     buckets=QUEUE_BUCKETS, registry=r)
+        self.tenant_queue_wait = Histogram(
+            "gateway_tenant_queue_wait_seconds", "Time a request waited for a backend slot of "
+            "its pool (0 when one was free), by tenant.", ["pool", "tenant"],
+            buckets=QUEUE_BUCKETS, registry=r)
+        self.tenant_tokens = Counter(
+            "gateway_tenant_dispatched_tokens", "Estimated prompt + output tokens handed to a "
+            "pool's backends, by tenant (each attempt): the share of the pool each is served.",
+            ["pool", "tenant"], registry=r)
         self.inflight = Gauge("gateway_inflight", "Requests in flight per backend.",
                               ["pool", "backend"], multiprocess_mode="livesum", registry=r)
         self.backend_healthy = Gauge("gateway_backend_healthy", "1 if the backend takes "
@@ -382,6 +413,21 @@ class Metrics:
                 spend[spend_key] = spend.get(spend_key, 0) + cost.total
         return key
 
+    def dispatched(self, pool: str, tenant: str | None, waited_s: float, tokens: int) -> None:
+        """A request of ``tenant`` got a backend of ``pool`` after ``waited_s`` in its queue;
+        ``tokens`` is its estimated prompt + output (its cost to the tenant's fair share)."""
+        if not self.enabled:
+            return
+        key = (pool, self.tenant(tenant) or "")
+        entry = self._dispatched.get(key)
+        if entry is None:
+            if len(self._dispatched) >= _CACHE_LIMIT:
+                self.flush()
+                self._dispatched.clear()
+            entry = self._dispatched[key] = _Dispatched(self, *key)
+        _observe(entry.wait, waited_s)
+        entry.tokens += tokens
+
     def flush_due(self) -> None:
         """Flush if the last flush is ``flush_interval`` old."""
         now = time.monotonic()
@@ -404,6 +450,8 @@ class Metrics:
         files, where other workers' ``/metrics`` see them). Call at shutdown too."""
         for bound in self._bound.values():
             bound.flush()
+        for entry in self._dispatched.values():
+            entry.flush()
         if self._spend_pending:
             pending, self._spend_pending = self._spend_pending, {}
             for (tenant, model), micros in pending.items():

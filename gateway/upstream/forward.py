@@ -104,7 +104,11 @@ async def forward(
                 break
             await asyncio.sleep(pause)
         try:
+            asked = time.monotonic()
             pool, backend = await router.acquire(route, pool, route.tried)
+            if metrics is not None:
+                metrics.dispatched(pool.name, route.tenant, time.monotonic() - asked,
+                                   route.tokens)
         except NoHealthyBackend as exc:
             fallback = pool.config.fallback
             if fallback is not None and fallback not in fallbacks_used:

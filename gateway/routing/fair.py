@@ -1,0 +1,213 @@
+"""Weighted fair queuing of a pool's waiters between flows (tenants), inside class priority.
+
+A pool's queue has one *level* per class priority (a lower number is served first, always),
+and inside a level one queue per *flow* (a tenant, or one flow for all when the pool is not
+fair) ordered by deadline, then arrival. Between the flows of a level the order is start-time
+fair queuing (SFQ: Goyal, Vin and Cheng, 1996), weighted fair queuing's variant that needs no
+simulated fluid system:
+
+- a request's tags are ``start`` and ``finish = start + cost / weight``, where ``cost`` is its
+  estimated prompt + output tokens; ``start`` is the larger of the level's virtual time and the
+  finish tag of its flow's previous request;
+- the flow head with the smallest start tag is served next, and the level's virtual time
+  becomes that start tag.
+
+So each backlogged flow is served tokens in proportion to its weight (to within one request's
+cost per flow), and a flow that was idle starts at the current virtual time: it banks no credit
+while idle, and nothing is held for it, so a flow alone gets the whole pool. Serving by start
+tag (rather than finish, as WFQ does) lets a light flow's request go at the next free slot
+beside a flood, instead of after one more of the flood's. Tags are charged only on service: a
+waiter that leaves unserved (its deadline, its client) costs its flow nothing. An empty flow's
+last finish tag is kept only while it is ahead of the virtual time, so memory follows what is
+queued.
+
+Pure: no clock, no I/O, no asyncio; :class:`~gateway.routing.pool.PoolState` puts its waiters
+here and asks for the next one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+__all__ = ["FairQueue"]
+
+T = TypeVar("T")
+
+
+class _Flow(Generic[T]):
+    """One flow's waiters in a level, ordered by ``order`` (deadline, then arrival)."""
+
+    __slots__ = ("entries", "queued_cost", "start", "version")
+
+    def __init__(self, start: float) -> None:
+        self.entries: list[tuple[Any, float, T]] = []  # (order, cost / weight, item): a heap
+        #: start tag of its head: the finish tag of its last served waiter, or the virtual
+        #: time when it became backlogged
+        self.start = start
+        self.queued_cost = 0.0  # sum of cost / weight of its entries
+        self.version = -1  # the heap entry of its current head; any other entry is stale
+
+
+class _Level(Generic[T]):
+    """One class priority: its virtual time, its flows, and a heap of their heads' tags."""
+
+    __slots__ = ("finished", "flows", "heads", "prune_at", "vtime")
+
+    def __init__(self) -> None:
+        self.vtime = 0.0
+        self.flows: dict[str, _Flow[T]] = {}
+        self.heads: list[tuple[float, int, str]] = []  # (start, version, flow)
+        #: finish tags of flows with nothing queued, while ahead of the virtual time
+        self.finished: dict[str, float] = {}
+        self.prune_at = 64  # size of ``finished`` that triggers dropping the paid ones
+
+
+class FairQueue(Generic[T]):
+    """Waiters by class priority, then weighted fair share of tokens between flows.
+
+    ``first(alive)`` gives the waiter to serve next (dropping waiters ``alive`` says are gone);
+    ``pop_first()`` then takes it and charges its flow. Iterating yields every waiter held,
+    gone ones included until they are dropped.
+    """
+
+    __slots__ = ("_current", "_levels", "_tie")
+
+    def __init__(self) -> None:
+        self._levels: dict[int, _Level[T]] = {}
+        self._tie = itertools.count()
+        self._current: tuple[int, str] | None = None  # (level, flow) of what first() gave
+
+    def push(self, item: T, *, level: int, order: Any, flow: str, weight: float,
+             cost: float) -> None:
+        """Queue ``item``; ``order`` (unique, comparable) orders it inside its flow."""
+        lv = self._levels.get(level)
+        if lv is None:
+            lv = self._levels[level] = _Level()
+        f = lv.flows.get(flow)
+        if f is None:
+            # newly backlogged: at the virtual time, or its last finish if still ahead of it
+            f = lv.flows[flow] = _Flow(max(lv.vtime, lv.finished.pop(flow, 0.0)))
+        share = max(cost, 1.0) / weight
+        entry = (order, share, item)
+        heapq.heappush(f.entries, entry)
+        f.queued_cost += share
+        if f.entries[0] is entry:  # a new head (first, or earlier than the old head): it
+            self._new_head(lv, flow, f, f.start)  # takes the old head's place and start
+        self._current = None
+
+    def first(self, alive: Callable[[T], bool]) -> T | None:
+        """The waiter to serve next, or None; waiters not ``alive`` are dropped on the way."""
+        while self._levels:
+            level = min(self._levels)
+            lv = self._levels[level]
+            while lv.heads:
+                _, version, name = lv.heads[0]
+                f = lv.flows.get(name)
+                if f is None or f.version != version:
+                    heapq.heappop(lv.heads)  # stale: the flow's head changed since
+                    continue
+                item = f.entries[0][2]
+                if alive(item):
+                    self._current = (level, name)
+                    return item
+                self._drop_head(lv, name, f, served=False)
+            del self._levels[level]
+        self._current = None
+        return None
+
+    def pop_first(self) -> T:
+        """Take the waiter :meth:`first` just gave, charge its flow, advance virtual time."""
+        if self._current is None:
+            raise LookupError("pop_first() without a waiter from first()")
+        level, name = self._current
+        self._current = None
+        lv = self._levels[level]
+        f = lv.flows[name]
+        item = f.entries[0][2]
+        self._drop_head(lv, name, f, served=True)
+        if not lv.flows:  # all idle: dropping the level forgets at most one request's
+            del self._levels[level]  # debt per flow, with nobody waiting
+        return item
+
+    def ahead_of(self, *, level: int, flow: str) -> int:
+        """About how many queued waiters a new one of ``flow`` would be served after: all of
+        the levels before its own, and in its own those whose start tags would be smaller
+        (its own size does not move its start). A flow's later waiters are taken to be
+        spaced by its mean cost per waiter."""
+        ahead = sum(len(f.entries) for key, other in self._levels.items() if key < level
+                    for f in other.flows.values())
+        lv = self._levels.get(level)
+        if lv is None:
+            return ahead
+        own = lv.flows.get(flow)
+        if own is None:
+            tag = max(lv.vtime, lv.finished.get(flow, 0.0))
+        else:
+            ahead += len(own.entries)
+            tag = own.start + own.queued_cost  # its start: after all of its flow's queued
+        for name, f in lv.flows.items():
+            if name == flow or not f.entries:
+                continue
+            spacing = f.queued_cost / len(f.entries)
+            if tag >= f.start:  # its waiters start at f.start, f.start + spacing, ...
+                ahead += min(len(f.entries), 1 + math.floor((tag - f.start) / spacing))
+        return ahead
+
+    def vtime(self, level: int) -> float:
+        """The level's virtual time (0 for a level with nothing queued)."""
+        lv = self._levels.get(level)
+        return lv.vtime if lv is not None else 0.0
+
+    def flows(self, level: int) -> int:
+        """Flows with something queued in ``level``."""
+        lv = self._levels.get(level)
+        return len(lv.flows) if lv is not None else 0
+
+    def __iter__(self) -> Iterator[T]:
+        for lv in self._levels.values():
+            for f in lv.flows.values():
+                for _, _, item in f.entries:
+                    yield item
+
+    def __len__(self) -> int:
+        return sum(len(f.entries) for lv in self._levels.values() for f in lv.flows.values())
+
+    def __bool__(self) -> bool:
+        return bool(self._levels)
+
+    def __repr__(self) -> str:
+        levels = ", ".join(f"{k}: {len(lv.flows)} flows @ {lv.vtime:.0f}"
+                           for k, lv in sorted(self._levels.items()))
+        return f"<FairQueue [{levels}]>"
+
+    # --- heads
+    def _new_head(self, lv: _Level[T], name: str, f: _Flow[T], start: float) -> None:
+        f.version = next(self._tie)  # unique across flows, old and new: older entries stale
+        f.start = start
+        heapq.heappush(lv.heads, (start, f.version, name))
+
+    def _drop_head(self, lv: _Level[T], name: str, f: _Flow[T], *, served: bool) -> None:
+        """Remove the flow's head: served (charged: virtual time moves to its start, and the
+        flow's next starts at its finish) or gone (free: the next takes its start)."""
+        _, share, _ = heapq.heappop(f.entries)
+        f.queued_cost -= share
+        start = f.start
+        if served:
+            lv.vtime = max(lv.vtime, start)
+            start += share  # its finish tag
+        if f.entries:
+            self._new_head(lv, name, f, start)
+            return
+        del lv.flows[name]
+        if start > lv.vtime:
+            lv.finished[name] = start  # a debt to pay if it comes back soon
+        if len(lv.finished) > lv.prune_at:  # forget the paid ones (amortised: the bound
+            vtime = lv.vtime  # doubles past what is still owed)
+            lv.finished = {n: t for n, t in lv.finished.items() if t > vtime}
+            lv.prune_at = 2 * len(lv.finished) + 64

@@ -1,0 +1,372 @@
+"""Noisy-neighbour benchmark: two tenants share an interactive pool; one floods it.
+
+``python -m loadtest.bench.fairness_bench [--duration 25] [--engines 2] [--speedup 0.25]``
+
+Against the same simulated interactive engines (``gateway sim``, one gateway process in front,
+each backend's ``max_in_flight`` at the engine's running-batch size, so the queue is the
+gateway's), one run measures the pool's capacity (a closed loop of tenant A alone) and then:
+
+- ``b-alone``: tenant B alone at its normal rate (``--b-share`` of the capacity, open loop);
+- ``fair``: B at the same rate beside tenant A sending ``--a-factor`` x its fair share (equal
+  weights: half the capacity), fair queuing on (``fair: true``, the default);
+- ``fifo``: the same load with ``fair: false`` on the pool (one queue by deadline and
+  arrival, the order before fair queuing).
+
+Arrivals are Poisson, seeded, the same in every scenario. Reported per tenant: requests, the
+share answered 200, TTFT p50/p99 of those, and output tokens served per second. The targets
+(issue #18): B's TTFT p99 under ``fair`` within 1.3x of ``b-alone``, and A still served at
+least its fair share. Prints a markdown table and writes JSON to
+``loadtest/results/fairness.json``. Talks to the gateway over HTTP only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtest.bench.routing_bench import _free_port, _wait, pct
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = {"a": "sk-gw-fair-bench-a-0123456789abcdef0123456789abcdef",
+        "b": "sk-gw-fair-bench-b-0123456789abcdef0123456789abcdef"}
+WORD = " the"  # one token in o200k_base
+METRICS_TOKEN = "fairness-bench-metrics"  # per-tenant series need a token on /metrics
+
+
+@dataclass
+class Tenant:
+    """What one tenant saw in one scenario."""
+
+    sent: int = 0
+    ok: int = 0
+    refused: int = 0  # 503/429: the gateway could not start it in time
+    failed: int = 0
+    ttft: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+
+
+async def _one(session: aiohttp.ClientSession, url: str, tenant: str, prompt: int, output: int,
+               out: Tenant, window_end: float) -> None:
+    body = {"model": "chat", "stream": True, "max_tokens": output,
+            "messages": [{"role": "user", "content": f"{tenant}:" + WORD * max(1, prompt - 8)}]}
+    out.sent += 1
+    t0 = time.perf_counter()
+    ttft: float | None = None
+    chunks = 0
+    try:
+        async with session.post(url + "/v1/chat/completions", json=body,
+                                headers={"Authorization": f"Bearer {KEYS[tenant]}"}) as r:
+            if r.status in (429, 503):
+                out.refused += 1
+                await r.read()
+                return
+            if r.status != 200:
+                out.failed += 1
+                await r.read()
+                return
+            async for line in r.content:
+                if line.startswith(b"data: {") and b'"content":"' in line \
+                        and b'"content":""' not in line:
+                    chunks += 1
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+    except (TimeoutError, aiohttp.ClientError):
+        out.failed += 1
+        return
+    out.ok += 1
+    if ttft is not None:
+        out.ttft.append(ttft)
+    if time.perf_counter() <= window_end:
+        out.output_tokens += chunks
+
+
+def arrivals(rate: float, duration: float, seed: int) -> list[float]:
+    """Poisson arrival times in [0, duration)."""
+    rng = random.Random(seed)
+    at, out = 0.0, []
+    while rate > 0:
+        at += rng.expovariate(rate)
+        if at >= duration:
+            break
+        out.append(at)
+    return out
+
+
+async def open_loop(url: str, plan: dict[str, list[float]], duration: float, prompt: int,
+                    output: int) -> tuple[dict[str, Tenant], list[float]]:
+    """Each tenant's requests at their planned times; tokens counted inside the window. Also
+    the round trips of ``GET /healthz`` every 0.2 s: how late the gateway's (and this
+    client's) event loop runs on a shared box, apart from any queue."""
+    results = {t: Tenant() for t in plan}
+    probes: list[float] = []
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn,
+                                     timeout=aiohttp.ClientTimeout(total=300)) as session:
+        start = time.perf_counter()
+        end = start + duration
+
+        async def at(when: float, tenant: str) -> None:
+            delay = start + when - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await _one(session, url, tenant, prompt, output, results[tenant], end)
+
+        async def probe() -> None:
+            while time.perf_counter() < end:
+                t0 = time.perf_counter()
+                async with session.get(url + "/healthz") as r:
+                    await r.read()
+                probes.append(time.perf_counter() - t0)
+                await asyncio.sleep(0.2)
+
+        await asyncio.gather(probe(), *(at(w, t) for t, times in plan.items() for w in times))
+    return results, probes
+
+
+async def closed_loop(url: str, workers: int, duration: float, warmup: float, prompt: int,
+                      output: int) -> float:
+    """Requests per second tenant A completes with ``workers`` always waiting: the capacity."""
+    done: list[float] = []  # completion times of requests answered 200
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn,
+                                     timeout=aiohttp.ClientTimeout(total=300)) as session:
+        stop = time.perf_counter() + warmup + duration
+
+        async def worker() -> None:
+            sink = Tenant()
+            while time.perf_counter() < stop:
+                answered = sink.ok
+                await _one(session, url, "a", prompt, output, sink, stop)
+                if sink.ok > answered:
+                    done.append(time.perf_counter())
+                else:  # refused (the pool's queue is full or too long): back off a little
+                    await asyncio.sleep(0.05)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(workers)))
+    counted = [t for t in done if t0 + warmup <= t <= t0 + warmup + duration]
+    return len(counted) / duration
+
+
+def queue_waits(url: str) -> dict[str, dict[str, float]]:
+    """Per tenant, from the gateway's ``gateway_tenant_queue_wait_seconds``: the mean wait
+    and the p99 bucket's upper bound (the wait inside the gateway, apart from the engine's and
+    the client's share of TTFT)."""
+    req = urllib.request.Request(url + "/metrics",
+                                 headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        text = r.read().decode()
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            tenant = sample.labels.get("tenant", "")
+            if sample.name == "gateway_tenant_queue_wait_seconds_bucket":
+                buckets.setdefault(tenant, []).append((float(sample.labels["le"]), sample.value))
+            elif sample.name == "gateway_tenant_queue_wait_seconds_sum":
+                sums[tenant] = sample.value
+            elif sample.name == "gateway_tenant_queue_wait_seconds_count":
+                counts[tenant] = sample.value
+    out = {}
+    for tenant, count in counts.items():
+        ordered = sorted(buckets.get(tenant, []))
+        p99 = next((le for le, n in ordered if n >= 0.99 * count), float("inf"))
+        out[tenant] = {"mean_ms": 1000 * sums.get(tenant, 0.0) / max(1.0, count),
+                       "p99_le_ms": 1000 * p99}
+    return out
+
+
+def policy(backends: list[str], slots: int, fair: bool, deadline: float) -> dict[str, Any]:
+    def sha(key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    return {
+        "auth": {"keys": [{"id": f"key-{t}", "sha256": sha(k), "tenant": t}
+                          for t, k in KEYS.items()]},
+        "plans": [{"name": "standard", "weight": 1}],
+        "tenants": [{"name": "a", "plan": "standard"}, {"name": "b", "plan": "standard"}],
+        "classes": [{"name": "interactive", "priority": 0, "start_deadline": deadline},
+                    {"name": "batch", "priority": 10, "start_deadline": 600}],
+        "pools": [{"name": "shared", "class": "interactive", "fair": fair, "queue_size": 100000,
+                   "backends": [{"name": f"sim-{i}", "url": u, "max_in_flight": slots}
+                                for i, u in enumerate(backends)]}],
+        "models": [{"name": "chat", "pool": "shared", "backend_model": "sim-model"}],
+    }
+
+
+class Gateway:
+    """``gateway serve`` on a policy, in a child process."""
+
+    def __init__(self, tmp: Path, name: str, data: dict[str, Any], env: dict[str, str]) -> None:
+        cfg = tmp / f"{name}.yaml"
+        data = {**data, "store": {"data_dir": str(tmp / f"data-{name}"),
+                                  "spool_dir": str(tmp / f"spool-{name}"),
+                                  "ledger_durability": "buffered"}}
+        cfg.write_text(yaml.safe_dump(data))
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port",
+             str(self.port)], env=env, stdout=subprocess.DEVNULL)
+
+    def __enter__(self) -> Gateway:
+        _wait(self.url + "/healthz", self.proc)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _row(scenario: str, tenant: str, t: Tenant, duration: float, total_tokens: int,
+         wait: dict[str, float]) -> dict[str, Any]:
+    return {
+        "queue_wait_mean_ms": wait.get("mean_ms", float("nan")),
+        "queue_wait_p99_le_ms": wait.get("p99_le_ms", float("nan")),
+        "scenario": scenario, "tenant": tenant, "sent": t.sent, "ok": t.ok,
+        "refused": t.refused, "failed": t.failed,
+        "ok_share": t.ok / max(1, t.sent),
+        "ttft_p50_ms": pct(t.ttft, 0.5) * 1000, "ttft_p99_ms": pct(t.ttft, 0.99) * 1000,
+        "output_tok_s": t.output_tokens / duration,
+        "served_share": t.output_tokens / max(1, total_tokens),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench.fairness_bench",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=float, default=30.0, help="seconds per scenario (30)")
+    p.add_argument("--calibrate", type=float, default=6.0,
+                   help="seconds measuring the capacity, after 3 s of warm-up (6)")
+    p.add_argument("--engines", type=int, default=2, help="simulated engines in the pool (2)")
+    p.add_argument("--slots", type=int, default=16,
+                   help="max_in_flight per backend, at most the engine's running batch (32) so "
+                   "the queue is the gateway's, not the engine's (16)")
+    p.add_argument("--speedup", type=float, default=0.25,
+                   help="engine time scale (0.25: modelled times x4, so fewer requests/s load "
+                   "the 2-core box for the same queueing)")
+    p.add_argument("--prompt", type=int, default=256, help="prompt tokens (256)")
+    p.add_argument("--output", type=int, default=64, help="output tokens (64)")
+    p.add_argument("--b-share", type=float, default=0.15,
+                   help="B's rate as a share of the measured capacity (0.15: well inside its "
+                   "fair share of 0.5)")
+    p.add_argument("--a-factor", type=float, default=5.0,
+                   help="A's rate as a multiple of its fair share, half the capacity (5)")
+    p.add_argument("--deadline", type=float, default=5.0,
+                   help="the interactive class's start_deadline, s (5, the default class)")
+    p.add_argument("--seed", type=int, default=18)
+    p.add_argument("--out", type=Path, default=ROOT / "loadtest/results/fairness.json")
+    args = p.parse_args(argv)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GATEWAY_ACCESS_LOG": "off",
+           "GATEWAY_METRICS_TOKEN": METRICS_TOKEN}
+    tmp = Path(tempfile.mkdtemp(prefix="fairness-bench-"))
+    load_before = os.getloadavg()
+    sims: list[subprocess.Popen[bytes]] = []
+    rows: list[dict[str, Any]] = []
+    try:
+        urls = []
+        for _ in range(args.engines):
+            port = _free_port()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway", "sim", "--profile", "interactive", "--port",
+                 str(port), "--speedup", str(args.speedup), "--seed", str(args.seed),
+                 "--queue-limit", "100000"], env=env)
+            sims.append(proc)
+            urls.append(f"http://127.0.0.1:{port}")
+            _wait(urls[-1] + "/health", proc)
+        with Gateway(tmp, "calibrate", policy(urls, args.slots, True, args.deadline), env) as gw:
+            capacity = asyncio.run(closed_loop(gw.url, 2 * args.slots * args.engines,
+                                               args.calibrate, 3.0, args.prompt, args.output))
+        rate_b = args.b_share * capacity
+        rate_a = args.a_factor * capacity / 2
+        print(f"[fairness-bench] capacity {capacity:.1f} req/s; B {rate_b:.1f} req/s, "
+              f"A {rate_a:.1f} req/s; {args.duration:.0f} s per scenario", file=sys.stderr,
+              flush=True)
+        plan_b = arrivals(rate_b, args.duration, args.seed)
+        plan_a = arrivals(rate_a, args.duration, args.seed + 1)
+        scenarios = [("b-alone", True, {"b": plan_b}),
+                     ("fair", True, {"a": plan_a, "b": plan_b}),
+                     ("fifo", False, {"a": plan_a, "b": plan_b})]
+        for name, fair, plan in scenarios:
+            time.sleep(2)  # the engines drain between scenarios
+            with Gateway(tmp, name, policy(urls, args.slots, fair, args.deadline), env) as gw:
+                print(f"[fairness-bench] {name}", file=sys.stderr, flush=True)
+                res, probes = asyncio.run(open_loop(gw.url, plan, args.duration, args.prompt,
+                                                    args.output))
+                waits = queue_waits(gw.url)
+            total = sum(t.output_tokens for t in res.values())
+            for tenant, t in res.items():
+                rows.append(_row(name, tenant, t, args.duration, total, waits.get(tenant, {})))
+                rows[-1]["healthz_p50_ms"] = pct(probes, 0.5) * 1000
+                rows[-1]["healthz_p99_ms"] = pct(probes, 0.99) * 1000
+    finally:
+        for proc in sims:
+            proc.terminate()
+            proc.wait(10)
+    load_after = os.getloadavg()
+    report = summarise(rows, capacity, args)
+    print(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "capacity_rps": capacity, "rate_a_rps": rate_a, "rate_b_rps": rate_b, "rows": rows,
+        "loadavg_before": load_before, "loadavg_after": load_after,
+        "args": {k: str(v) for k, v in vars(args).items()}}, indent=2))
+    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (1 min)")
+    return 0
+
+
+def summarise(rows: list[dict[str, Any]], capacity: float, args: argparse.Namespace) -> str:
+    """The markdown table and the verdicts."""
+    lines = ["", "| scenario | tenant | requests | answered 200 | TTFT p50 ms | TTFT p99 ms | "
+             "gateway queue wait mean / p99 ms | output tok/s | share of served tokens | "
+             "/healthz p50 / p99 ms |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['scenario']} | {r['tenant'].upper()} | {r['sent']} | "
+            f"{100 * r['ok_share']:.1f}% | {r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | "
+            f"{r['queue_wait_mean_ms']:.0f} / <= {r['queue_wait_p99_le_ms']:.0f} | "
+            f"{r['output_tok_s']:,.0f} | {100 * r['served_share']:.1f}% | "
+            f"{r['healthz_p50_ms']:.0f} / {r['healthz_p99_ms']:.0f} |")
+    by = {(r["scenario"], r["tenant"]): r for r in rows}
+    alone, fair, fifo = by[("b-alone", "b")], by[("fair", "b")], by[("fifo", "b")]
+    ratio = fair["ttft_p99_ms"] / alone["ttft_p99_ms"]
+    ratio_fifo = fifo["ttft_p99_ms"] / alone["ttft_p99_ms"]
+    a_fair = by[("fair", "a")]
+    # A's fair share: half the pool's output tokens at capacity (equal weights)
+    share_tok = capacity * args.output / 2
+    lines += ["",
+              f"- {'PASS' if ratio <= 1.3 else 'FAIL'} B's TTFT p99 with fair queuing "
+              f"{ratio:.2f}x B alone (target <= 1.3x); without it {ratio_fifo:.2f}x, "
+              f"{100 * fifo['ok_share']:.1f}% of B's requests answered (fair: "
+              f"{100 * fair['ok_share']:.1f}%)",
+              f"- {'PASS' if a_fair['output_tok_s'] >= 0.9 * share_tok else 'FAIL'} A served "
+              f"{a_fair['output_tok_s']:,.0f} output tok/s with fair queuing, its fair share is "
+              f"{share_tok:,.0f} (half of capacity {capacity:.1f} req/s x {args.output})"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
