@@ -1,8 +1,13 @@
 """An opt-in memory dump of a worker, for finding what a stream's teardown leaves behind.
 
 Off unless ``GATEWAY_MEMDEBUG`` names a file. Then, when the native server protocol makes its
-first connection on a loop, :func:`install` starts ``tracemalloc`` (``GATEWAY_MEMDEBUG_FRAMES``
-frames a trace, default 8) and a ``SIGUSR2`` handler; each ``SIGUSR2`` appends to the file:
+first connection on a loop, :func:`install` adds a ``SIGUSR2`` handler that appends a report to
+the file. With ``GATEWAY_MEMDEBUG_MODE=light`` the report is one JSON line, cheap enough for
+tests: the cyclic garbage a full collection finds (by type, with ``gc.DEBUG_SAVEALL``: what
+reference counting did not free), live objects made since start-up by type, asyncio tasks by
+coroutine, fds, and RSS before and after collecting and after ``malloc_trim``. Otherwise
+``tracemalloc`` is started (``GATEWAY_MEMDEBUG_FRAMES`` frames a trace, default 8) and each
+report is text:
 
 * the top allocation sites by growth since the previous dump (``tracemalloc`` snapshot diff,
   grouped by traceback), and by size now;
@@ -20,11 +25,11 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import gc
+import json
 import os
 import signal
 import time
 import tracemalloc
-import weakref
 from collections import Counter
 from pathlib import Path
 
@@ -44,27 +49,22 @@ class _Dumper:
         self.types: Counter[str] = Counter()
 
     def light(self) -> None:
-        """Object counts, tasks and the malloc_trim test only (no tracemalloc)."""
-        rss_garbage = _rss_kib()
+        """One JSON line: what a full collection finds as cyclic garbage (by type), live
+        objects made since start-up by type, asyncio tasks, RSS at each step (no tracemalloc)."""
+        rss = _rss_kib()
         garbage = collect_garbage()
-        rss_collected = _rss_kib()
-        types = object_counts()
-        tasks = len(asyncio.all_tasks(self.loop))
-        before = _rss_kib()
-        _malloc_trim()
-        grown = [f"{name} {count - self.types.get(name, 0):+d}"
-                 for name, count in types.most_common(200) if count != self.types.get(name, 0)]
-        self.types = types
-        refs = Counter(type(r()).__name__ for r in gc.get_objects()
-                       if isinstance(r, weakref.ReferenceType))
-        grown.append(f"weakrefs to {dict(refs.most_common(8))}")
+        collected = _rss_kib()
+        live = object_counts()
+        tasks = Counter(_task_name(t) for t in asyncio.all_tasks(self.loop))
+        trimmed = _malloc_trim()
+        report = {
+            "time": time.time(), "rss_kib": rss, "garbage": dict(garbage),
+            "rss_collected_kib": collected, "rss_trimmed_kib": _rss_kib(), "trimmed": trimmed,
+            "live": dict(live.most_common(60)), "tasks": dict(tasks),
+            "fds": len(os.listdir("/proc/self/fd")),
+        }
         with self.path.open("a") as out:
-            out.write(f"=== light {time.strftime('%H:%M:%S')} RSS {rss_garbage} KiB; cyclic "
-                      f"garbage {sum(garbage.values())} objects, RSS after collecting "
-                      f"{rss_collected} KiB: {dict(garbage.most_common(25))}\n")
-            out.write(f"objects {sum(types.values())} "
-                      f"tasks {tasks} RSS {before} KiB, after malloc_trim {_rss_kib()} KiB; "
-                      f"changed: {', '.join(grown[:30])}\n")
+            out.write(json.dumps(report) + "\n")
 
     def dump(self) -> None:
         gc.collect()
@@ -130,12 +130,17 @@ def _rss_kib() -> int:
     return 0
 
 
+_libc: list[ctypes.CDLL] = []
+
+
 def _malloc_trim() -> bool:
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    return bool(libc.malloc_trim(0))
+    """glibc's ``malloc_trim(0)``: free memory the allocator holds goes back to the system."""
+    if not _libc:
+        try:
+            _libc.append(ctypes.CDLL("libc.so.6"))
+        except OSError:
+            return False
+    return bool(_libc[0].malloc_trim(0))
 
 
 _installed: set[int] = set()
