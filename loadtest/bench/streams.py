@@ -1,6 +1,6 @@
 """Memory and file descriptors of one gateway worker holding many open streams, and after.
 
-``python -m loadtest.streams [--streams 2000] [--cycles 3] [--soak 600]`` starts a slow
+``python -m loadtest.bench.streams [--streams 2000] [--cycles 3] [--soak 600]`` starts a slow
 streaming backend (:mod:`loadtest.bench.fastserver`: one SSE event per ``--interval-ms``, 100 ms
 by default, and a stream long enough never to end by itself) and one embedded gateway worker in
 front of it (no Redis, access log off, the overhead bench's policy), then:
@@ -17,8 +17,10 @@ front of it (no Redis, access log off, the overhead bench's policy), then:
 
 Clients disconnect with a FIN by default (``--abort``: a RST). The bench raises its own
 ``RLIMIT_NOFILE`` (the gateway and backend inherit it). Results: a Markdown table on stdout and
-JSON in ``loadtest/results/streams.json``. It only talks HTTP to the gateway and reads
-``/proc``; it knows nothing of the gateway's internals.
+JSON in ``loadtest/results/streams.json``. It talks HTTP to the gateway and reads ``/proc``;
+``--memdebug FILE`` also has the gateway dump its allocation sites after each close
+(``gateway/http/memdebug.py``). A benchmark, so it lives in ``loadtest/bench/`` (the validation
+tool outside it talks HTTP only).
 """
 
 from __future__ import annotations
@@ -37,12 +39,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from loadtest.bench.overhead import gateway
-from loadtest.bench.overhead.procs import HOST, Managed, ProcessSet, free_ports, pinned
+from .overhead import gateway
+from .overhead.procs import HOST, Managed, ProcessSet, free_ports, pinned
 
 __all__ = ["Sample", "fit_slope", "main", "read_memory"]
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "streams.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "streams.json"
 RAMP_POINTS = (500, 1000, 2000)
 _MB = 1024 * 1024
 
@@ -317,6 +319,16 @@ def markdown(run: Run) -> str:
     return "\n".join(lines)
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def _raise_nofile(need: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = need if hard == resource.RLIM_INFINITY else min(need, hard)
@@ -327,7 +339,7 @@ def _raise_nofile(need: int) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m loadtest.streams", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench.streams", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--streams", type=int, default=2000, help="open streams at the peak (2000)")
     p.add_argument("--cycles", type=int, default=3, help="open/close rounds after the ramp (3)")
@@ -381,9 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     procs = ProcessSet()
     load_before = os.getloadavg()
     meta: dict[str, Any] = {
-        "command": "python -m loadtest.streams " + " ".join(argv if argv is not None
+        "command": "python -m loadtest.bench.streams " + " ".join(argv if argv is not None
                                                             else sys.argv[1:]),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+        "machine": f"{_cpu_model()}, {os.cpu_count()} cpus, "
                    f"{platform.python_implementation()} {platform.python_version()}",
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "load_before": load_before, "streams": args.streams, "hold_s": args.hold,
