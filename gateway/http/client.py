@@ -90,6 +90,14 @@ _REPLAYABLE_METHODS = frozenset({b"GET", b"HEAD"})
 _IDEMPOTENCY_HEADERS = frozenset({b"idempotency-key", b"x-idempotency-key"})
 
 
+class _Detached:
+    """Callbacks of no connection: what a closed connection's parser is replaced with."""
+
+
+#: a parser bound to no connection, for closed ones (never fed again)
+_NO_PARSER = httptools.HttpResponseParser(_Detached())
+
+
 class _Stop(Exception):
     """Raised in a parser callback to halt httptools at once; the reason is already recorded."""
 
@@ -210,10 +218,15 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        # the parser holds bound methods of this connection: break the cycle so a closed
+        # connection (and its transport) is freed now, by reference counting, not whenever
+        # the cyclic collector next runs a full pass
+        self.parser = _NO_PARSER
         self.pool.forget(self)
         ex = self.exchange
         if ex is not None and not ex.complete:
             ex.fail(UpstreamConnectionLost("backend closed the connection mid-response"))
+        self.exchange = None
 
     # --- httptools callbacks
     def on_message_begin(self) -> None:
