@@ -272,6 +272,7 @@ class Pipeline:
             session = header_value(inbound.headers, SESSION_HEADER)
             route = router.route_request(model, ctx.request_class or "", ctx.key_id,
                                          parsed.payload, session)
+            route.prompt_tokens = _route_tokens(admitted, size)
             ctx.version, ctx.upstream_model = route.version, route.upstream_model
             path, frontend = endpoint.path, frontend_for(endpoint.api)
             shape: Shape = "openai"
@@ -495,6 +496,13 @@ def _prompt_tokens(admitted: Admitted | None, counter: PromptCounter, parsed: Pa
     """The prompt's tokens as admission counted them (or counted now, without limits)."""
     split = admitted.split if admitted is not None else None
     return (split or count_prompt(counter, "chat", parsed.payload)).total
+
+
+def _route_tokens(admitted: Admitted | None, size: int) -> int:
+    """The prompt's tokens for routing: admission's count when it counted, else the body's
+    bytes / 4 (about a token per four bytes of text; routing predicts, it does not bill)."""
+    split = admitted.split if admitted is not None else None
+    return split.total if split is not None else size // 4
 
 
 def _actual(usage: TokenUsage | None) -> tuple[int | None, int]:

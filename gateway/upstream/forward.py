@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from gateway.errors import BackendFailure, GatewayError, NoBackendAvailable, RateLimited
 from gateway.http.errors import UpstreamError
-from gateway.routing.errors import NoHealthyBackend, PoolCoolingDown, PoolSaturated
+from gateway.routing.errors import NoHealthyBackend, PoolCoolingDown, PoolSaturated, RequestShed
 from gateway.routing.retry import RETRYABLE_STATUS, backoff
 from gateway.telemetry.redact import Redactor
 from gateway.telemetry.spans import NOOP_SPAN
@@ -118,6 +118,9 @@ async def forward(
             last = last or RateLimited(str(exc), headers={"Retry-After": str(exc.retry_after)})
             break
         except PoolSaturated as exc:
+            if metrics is not None and isinstance(exc, RequestShed):
+                metrics.shed_request(route.model.name, pool.name, route.request_class.name,
+                                     exc.reason)
             last = last or NoBackendAvailable(
                 str(exc), headers={"Retry-After": str(exc.retry_after)}
             )
@@ -278,5 +281,5 @@ def release(forwarded: Forwarded, ctx: RequestContext) -> None:
         if ctx.output_chunks > 1 and ctx.last_chunk_ns is not None:
             tpot = (ctx.last_chunk_ns - forwarded.first_chunk_ns) / 1e9 / (ctx.output_chunks - 1)
         backend.observe(ttft, tpot)
-        forwarded.pool.observe_ttft(ttft)
+        forwarded.pool.observe_ttft(ttft, backend)
     forwarded.pool.release(backend)

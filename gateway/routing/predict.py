@@ -1,0 +1,143 @@
+"""Predicting a request's time to first token on a backend, before sending it.
+
+Why: a pool's recent TTFT p90 says how the last requests fared, not how the next one will. On a
+prefill-bound engine a new request's first token waits for every prompt token sent before it,
+then for its own; a 2,300-token prompt behind five others waits six prefills, a 100-token one
+behind none waits almost nothing. Borrowing and shedding decide on that figure.
+
+The model, per backend (a fluid queue of prompt tokens):
+
+- ``work``: prompt tokens the gateway sent to the backend whose prefill may not be done yet. Each
+  start adds its tokens; the engine drains them at its learned prefill rate. The scraped
+  ``num_requests_waiting`` (requests other gateways sent, or an engine that stalled) sets a
+  floor: that many prompts of the backend's mean size.
+- ``seconds_per_token``: learned from observed TTFTs. An observation is matched with the oldest
+  start still open on that backend (first in, first out: close for similar output lengths,
+  noisy otherwise, hence the EWMA), and its TTFT divided by the tokens that were ahead of it
+  plus its own is one sample. It is the effective cost under load (decode steps interleaved
+  with chunked prefill included), and the same rate drains ``work``, so the two agree: a rate
+  set too low leaves too little work ahead and the next samples raise it, and the reverse.
+  Before any observation: :data:`DEFAULT_SECONDS_PER_TOKEN`.
+- KV pressure: an engine reporting its cache >= :data:`KV_FULL` full cannot admit a new
+  sequence until one finishes; the prediction is doubled (a penalty, not a model).
+
+``predict = (work_ahead + own_tokens) * seconds_per_token`` (x2 when the KV cache is full).
+Everything is plain arithmetic on the object, no I/O; the pool calls it on its own backends.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.routing.backend import BackendState
+
+__all__ = [
+    "DEFAULT_SECONDS_PER_TOKEN",
+    "KV_FULL",
+    "BackendLoad",
+    "Prediction",
+    "Predictor",
+]
+
+#: 40 prompt tokens per ms: an 8B model on one H100 (see the simulator's calibration)
+DEFAULT_SECONDS_PER_TOKEN = 2.5e-5
+#: engine KV-cache use at which new sequences wait for a running one to finish
+KV_FULL = 0.95
+_ALPHA = 0.15  # weight of the newest sample in the learned rate
+_MAX_OPEN = 4096  # open starts kept per backend (the rest are forgotten, oldest first)
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A predicted time to first token and the part of it spent behind other requests."""
+
+    ttft: float  # seconds from now to the first token
+    ahead: float  # seconds of it waiting for other requests (0: nothing ahead)
+
+
+class BackendLoad:
+    """The fluid prefill queue of one backend, as this gateway process sees it."""
+
+    __slots__ = ("_at", "_open", "mean_tokens", "seconds_per_token", "work")
+
+    def __init__(self) -> None:
+        self.work = 0.0  # prompt tokens sent whose prefill may not be done
+        self._at = 0.0  # monotonic time ``work`` was last drained to
+        self.seconds_per_token = DEFAULT_SECONDS_PER_TOKEN
+        self.mean_tokens = 0.0  # EWMA of the prompt tokens started here
+        self._open: deque[tuple[int, float]] = deque()  # (own tokens, tokens ahead) per start
+
+    def drain(self, now: float) -> float:
+        """``work`` after the engine prefilled at its rate since the last call."""
+        if now > self._at:
+            self.work = max(0.0, self.work - (now - self._at) / self.seconds_per_token)
+            self._at = now
+        return self.work
+
+    def ahead(self, backend: BackendState, now: float) -> float:
+        """Prompt tokens ahead of a request sent now: the fluid queue, floored by the scrape."""
+        scraped = backend.engine_waiting * self.mean_tokens
+        return max(self.drain(now), scraped)
+
+    def start(self, tokens: int, ahead: float, now: float) -> None:
+        self.drain(now)
+        self.work += tokens
+        self.mean_tokens = tokens if not self.mean_tokens else (
+            _ALPHA * tokens + (1 - _ALPHA) * self.mean_tokens)
+        self._open.append((tokens, ahead))
+        if len(self._open) > _MAX_OPEN:
+            self._open.popleft()
+
+    def observe(self, ttft: float) -> None:
+        """A first token came back: one sample of the effective prefill cost."""
+        if not self._open:
+            return
+        tokens, ahead = self._open.popleft()
+        total = tokens + ahead
+        if total < 1 or ttft <= 0:
+            return
+        sample = ttft / total
+        self.seconds_per_token = _ALPHA * sample + (1 - _ALPHA) * self.seconds_per_token
+
+    def settle(self, open_requests: int) -> None:
+        """Forget starts that ended without an observation (failed, cancelled)."""
+        while len(self._open) > max(0, open_requests):
+            self._open.popleft()
+
+
+class Predictor:
+    """Per-backend loads of one pool, and the prediction for a request of ``tokens``."""
+
+    __slots__ = ("_loads",)
+
+    def __init__(self) -> None:
+        self._loads: dict[BackendState, BackendLoad] = {}
+
+    def load(self, backend: BackendState) -> BackendLoad:
+        state = self._loads.get(backend)
+        if state is None:
+            state = self._loads[backend] = BackendLoad()
+        return state
+
+    def predict(self, backend: BackendState, tokens: int, now: float) -> Prediction:
+        """Time to first token of a request of ``tokens`` prompt tokens sent to it now."""
+        load = self.load(backend)
+        ahead = load.ahead(backend, now) * load.seconds_per_token
+        ttft = ahead + max(0, tokens) * load.seconds_per_token
+        if backend.engine_kv_usage >= KV_FULL:
+            return Prediction(2 * ttft, 2 * ttft)
+        return Prediction(ttft, ahead)
+
+    def start(self, backend: BackendState, tokens: int, now: float) -> None:
+        """A request of ``tokens`` prompt tokens was sent to ``backend``."""
+        load = self.load(backend)
+        load.start(tokens, load.ahead(backend, now), now)
+
+    def observe(self, backend: BackendState, ttft: float) -> None:
+        self.load(backend).observe(ttft)
+
+    def settle(self, backend: BackendState) -> None:
+        self.load(backend).settle(backend.in_flight)
