@@ -122,11 +122,13 @@ class Lend(_Base, frozen=True):
 
     Set it on a batch pool: an interactive request whose own pool predicts a TTFT above the
     class's ``ttft_target`` goes here instead when this pool predicts an earlier first token,
-    ahead of this pool's own requests in its queue (class priority orders it). While it lends,
-    this pool's own class is throttled to ``own_share`` of its capacity, so its prefills do
-    not crowd out the borrowers'.
+    taking a free slot ahead of this pool's own waiting requests. The pool's own class always
+    leaves ``reserve`` of its capacity free for borrowers, and while it lends it is throttled to
+    ``own_share``, so its prefills do not crowd out the borrowers'.
     """
 
+    #: share of the capacity the pool's own class always leaves free for borrowers
+    reserve: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
     #: while lending, the pool's own class holds at most this share of its capacity
     own_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.25
     #: the pool counts as lending for this many seconds after a borrower last started here

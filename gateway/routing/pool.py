@@ -193,19 +193,26 @@ class PoolState:
 
     def admits(self, priority: int, now: float) -> bool:
         """May a request of ``priority`` take a free slot now? Always, unless the pool lends
-        (a higher class borrowed it within ``lend.window``) and the request is of its own
-        class (or lower): then only while the in-flight is below ``lend.own_share`` of capacity."""
+        and the request is of its own class (or lower): then only while the in-flight is below
+        ``1 - lend.reserve`` of capacity, and ``lend.own_share`` while a higher class borrowed
+        the pool within ``lend.window``."""
         lend = self.config.lend
-        if lend is None or now >= self._lent_until or self.own_priority is None:
+        if lend is None or self.own_priority is None or priority < self.own_priority:
             return True
-        if priority < self.own_priority:
-            return True
-        return self.in_flight < lend.own_share * self.capacity(now)
+        share = lend.own_share if now < self._lent_until else 1.0 - lend.reserve
+        return self.in_flight < share * self.capacity(now)
 
-    def observe_ttft(self, seconds: float, backend: BackendState | None = None) -> None:
+    def lends(self, now: float, exclude: Collection[BackendState] = ()) -> bool:
+        """Could a higher class borrow a free slot here now?"""
+        return self.config.lend is not None and bool(self.candidates(now, exclude))
+
+    def observe_ttft(self, seconds: float, backend: BackendState | None = None,
+                     sent_ns: int | None = None) -> None:
+        """A TTFT observed on ``backend`` for the request sent at ``sent_ns``
+        (``time.perf_counter_ns``): the p90 and the predictor learn from it."""
         self._ttfts.append(seconds)
         if backend is not None:
-            self.predictor.observe(backend, seconds)
+            self.predictor.observe(backend, seconds, sent_ns)
 
     def _panic(self, healthy: int) -> bool:
         return healthy < self.config.health.panic_threshold * len(self.backends)
@@ -330,8 +337,9 @@ class PoolState:
             if waiter.future.done():
                 heapq.heappop(queue)
                 continue
-            if not self.admits(waiter.key[0], now):  # throttled while lending: retry after
-                self._redispatch_at(self._lent_until)
+            if not self.admits(waiter.key[0], now):  # throttled for borrowers
+                if now < self._lent_until:  # no release may come before lending ends
+                    self._redispatch_at(self._lent_until)
                 return
             backend = self.try_pick(now, waiter.exclude, waiter.affinity)
             if backend is None:
@@ -340,7 +348,7 @@ class PoolState:
             waiter.future.set_result(backend)
 
     def _redispatch_at(self, when: float) -> None:
-        """Dispatch again when the lending window ends (no release may come before it)."""
+        """Dispatch again when the lending window ends."""
         if self._throttle_timer is not None and not self._throttle_timer.cancelled():
             self._throttle_timer.cancel()
         try:

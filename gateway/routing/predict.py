@@ -11,12 +11,13 @@ The model, per backend (a fluid queue of prompt tokens):
   start adds its tokens; the engine drains them at its learned prefill rate. The scraped
   ``num_requests_waiting`` (requests other gateways sent, or an engine that stalled) sets a
   floor: that many prompts of the backend's mean size.
-- ``seconds_per_token``: learned from observed TTFTs. An observation is matched with the oldest
-  start still open on that backend (first in, first out: close for similar output lengths,
-  noisy otherwise, hence the EWMA), and its TTFT divided by the tokens that were ahead of it
-  plus its own is one sample. It is the effective cost under load (decode steps interleaved
-  with chunked prefill included), and the same rate drains ``work``, so the two agree: a rate
-  set too low leaves too little work ahead and the next samples raise it, and the reverse.
+- ``seconds_per_token``: learned from observed TTFTs. An observation is matched with its start
+  by the time the request was sent (the latest start noted at or before it, on the same
+  ``perf_counter_ns`` clock; without one, the oldest open start), and its TTFT divided by the
+  tokens that were ahead of it plus its own is one sample (EWMA). It is the effective cost
+  under load (decode steps interleaved with chunked prefill included), and the same rate
+  drains ``work``, so the two agree: a rate set too low leaves too little work ahead and the
+  next samples raise it, and the reverse.
   Before any observation: :data:`DEFAULT_SECONDS_PER_TOKEN`.
 - KV pressure: an engine reporting its cache >= :data:`KV_FULL` full cannot admit a new
   sequence until one finishes; the prediction is doubled (a penalty, not a model).
@@ -27,6 +28,7 @@ Everything is plain arithmetic on the object, no I/O; the pool calls it on its o
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -68,7 +70,8 @@ class BackendLoad:
         self._at = 0.0  # monotonic time ``work`` was last drained to
         self.seconds_per_token = DEFAULT_SECONDS_PER_TOKEN
         self.mean_tokens = 0.0  # EWMA of the prompt tokens started here
-        self._open: deque[tuple[int, float]] = deque()  # (own tokens, tokens ahead) per start
+        #: (started at, own tokens, tokens ahead) per start, oldest first
+        self._open: deque[tuple[int, int, float]] = deque()
 
     def drain(self, now: float) -> float:
         """``work`` after the engine prefilled at its rate since the last call."""
@@ -82,20 +85,34 @@ class BackendLoad:
         scraped = backend.engine_waiting * self.mean_tokens
         return max(self.drain(now), scraped)
 
-    def start(self, tokens: int, ahead: float, now: float) -> None:
+    def start(self, tokens: int, ahead: float, now: float, started_ns: int = 0) -> None:
         self.drain(now)
         self.work += tokens
         self.mean_tokens = tokens if not self.mean_tokens else (
             _ALPHA * tokens + (1 - _ALPHA) * self.mean_tokens)
-        self._open.append((tokens, ahead))
+        self._open.append((started_ns, tokens, ahead))
         if len(self._open) > _MAX_OPEN:
             self._open.popleft()
 
-    def observe(self, ttft: float) -> None:
+    def _match(self, sent_ns: int | None) -> tuple[int, int, float] | None:
+        """Remove and return the start of the request sent at ``sent_ns``."""
+        entries = self._open
+        if not entries:
+            return None
+        if sent_ns is not None:
+            for i in range(len(entries) - 1, -1, -1):
+                if entries[i][0] <= sent_ns:
+                    entry = entries[i]
+                    del entries[i]
+                    return entry
+        return entries.popleft()
+
+    def observe(self, ttft: float, sent_ns: int | None = None) -> None:
         """A first token came back: one sample of the effective prefill cost."""
-        if not self._open:
+        entry = self._match(sent_ns)
+        if entry is None:
             return
-        tokens, ahead = self._open.popleft()
+        _, tokens, ahead = entry
         total = tokens + ahead
         if total < 1 or ttft <= 0:
             return
@@ -132,12 +149,13 @@ class Predictor:
         return Prediction(ttft, ahead)
 
     def start(self, backend: BackendState, tokens: int, now: float) -> None:
-        """A request of ``tokens`` prompt tokens was sent to ``backend``."""
+        """A request of ``tokens`` prompt tokens is about to be sent to ``backend``."""
         load = self.load(backend)
-        load.start(tokens, load.ahead(backend, now), now)
+        load.start(tokens, load.ahead(backend, now), now, time.perf_counter_ns())
 
-    def observe(self, backend: BackendState, ttft: float) -> None:
-        self.load(backend).observe(ttft)
+    def observe(self, backend: BackendState, ttft: float, sent_ns: int | None = None) -> None:
+        """The TTFT of a request sent at ``sent_ns`` (``time.perf_counter_ns``)."""
+        self.load(backend).observe(ttft, sent_ns)
 
     def settle(self, backend: BackendState) -> None:
         self.load(backend).settle(backend.in_flight)

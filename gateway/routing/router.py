@@ -5,8 +5,9 @@ Then, in order:
 
 0. interactive borrowing: when the class has a ``ttft_target`` and the primary pool's
    predicted TTFT for this prompt (:meth:`PoolState.predict`) exceeds it, a lower class's pool
-   of the model that ``lend``s and predicts an earlier first token takes the request, at once
-   or ahead of that pool's own requests in its queue (and throttles its own class meanwhile);
+   of the model that ``lend``s, has a free slot and predicts an earlier first token takes the
+   request at once, ahead of that pool's own waiting requests (and throttles its own class
+   meanwhile);
 1. a free backend of the primary pool;
 2. borrowing: a pool of the same model that lends headroom (``borrow`` on interactive pools)
    takes the request at once while it has headroom for this prompt - a borrower never queues
@@ -183,7 +184,7 @@ class Router:
         best, best_ttft = None, prediction.ttft
         for other in route.spill:
             owner = self.classes.get(other.request_class)
-            if other.config.lend is None or owner is None:
+            if owner is None or not other.lends(now, exclude):
                 continue
             if owner.priority <= request_class.priority:
                 continue

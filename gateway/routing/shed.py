@@ -20,6 +20,7 @@ The reasons, in order:
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -49,4 +50,4 @@ def shed_reason(prediction: Prediction, left: float, margin: float,
 
 def retry_after(prediction: Prediction) -> int:
     """Whole seconds to suggest: about the time the work ahead needs to drain (1 to 60)."""
-    return max(1, min(60, round(prediction.ahead + 0.5)))
+    return max(1, math.ceil(min(60.0, prediction.ahead)))  # inf: no healthy backend

@@ -281,5 +281,5 @@ def release(forwarded: Forwarded, ctx: RequestContext) -> None:
         if ctx.output_chunks > 1 and ctx.last_chunk_ns is not None:
             tpot = (ctx.last_chunk_ns - forwarded.first_chunk_ns) / 1e9 / (ctx.output_chunks - 1)
         backend.observe(ttft, tpot)
-        forwarded.pool.observe_ttft(ttft, backend)
+        forwarded.pool.observe_ttft(ttft, backend, forwarded.sent_ns)
     forwarded.pool.release(backend)
