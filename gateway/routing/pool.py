@@ -206,13 +206,14 @@ class PoolState:
         """Could a higher class borrow a free slot here now?"""
         return self.config.lend is not None and bool(self.candidates(now, exclude))
 
-    def observe_ttft(self, seconds: float, backend: BackendState | None = None,
-                     sent_ns: int | None = None) -> None:
-        """A TTFT observed on ``backend`` for the request sent at ``sent_ns``
-        (``time.perf_counter_ns``): the p90 and the predictor learn from it."""
+    def observe_ttft(self, seconds: float) -> None:
         self._ttfts.append(seconds)
-        if backend is not None:
-            self.predictor.observe(backend, seconds, sent_ns)
+
+    def observe_first_token(self, backend: BackendState, seconds: float, sent_ns: int) -> None:
+        """A first token came back from ``backend`` ``seconds`` after the request was sent at
+        ``sent_ns`` (``time.perf_counter_ns``): the predictor learns from it at once, not when
+        the answer ends, so a queue building up is seen within one TTFT."""
+        self.predictor.observe(backend, seconds, sent_ns)
 
     def _panic(self, healthy: int) -> bool:
         return healthy < self.config.health.panic_threshold * len(self.backends)

@@ -14,7 +14,8 @@ The model, per backend (a fluid queue of prompt tokens):
 - ``seconds_per_token``: learned from observed TTFTs. An observation is matched with its start
   by the time the request was sent (the latest start noted at or before it, on the same
   ``perf_counter_ns`` clock; without one, the oldest open start), and its TTFT divided by the
-  tokens that were ahead of it plus its own is one sample (EWMA). It is the effective cost
+  tokens that were ahead of it plus its own is one sample (EWMA; the first sample replaces the
+  default outright, so a slower engine is learned from its first answer). It is the effective cost
   under load (decode steps interleaved with chunked prefill included), and the same rate
   drains ``work``, so the two agree: a rate set too low leaves too little work ahead and the
   next samples raise it, and the reverse.
@@ -63,12 +64,13 @@ class Prediction:
 class BackendLoad:
     """The fluid prefill queue of one backend, as this gateway process sees it."""
 
-    __slots__ = ("_at", "_open", "mean_tokens", "seconds_per_token", "work")
+    __slots__ = ("_at", "_open", "learned", "mean_tokens", "seconds_per_token", "work")
 
     def __init__(self) -> None:
         self.work = 0.0  # prompt tokens sent whose prefill may not be done
         self._at = 0.0  # monotonic time ``work`` was last drained to
         self.seconds_per_token = DEFAULT_SECONDS_PER_TOKEN
+        self.learned = False  # a sample has replaced the default
         self.mean_tokens = 0.0  # EWMA of the prompt tokens started here
         #: (started at, own tokens, tokens ahead) per start, oldest first
         self._open: deque[tuple[int, int, float]] = deque()
@@ -117,7 +119,9 @@ class BackendLoad:
         if total < 1 or ttft <= 0:
             return
         sample = ttft / total
-        self.seconds_per_token = _ALPHA * sample + (1 - _ALPHA) * self.seconds_per_token
+        self.seconds_per_token = sample if not self.learned else (
+            _ALPHA * sample + (1 - _ALPHA) * self.seconds_per_token)
+        self.learned = True
 
     def settle(self, open_requests: int) -> None:
         """Forget starts that ended without an observation (failed, cancelled)."""

@@ -182,6 +182,7 @@ async def _attempt(
                 backend.on_failure(health, time.monotonic())
                 raise _Failed(as_gateway_error(exc, backend.label)) from exc
             first_ns = time.perf_counter_ns()
+            pool.observe_first_token(backend, (first_ns - sent_ns) / 1e9, sent_ns)
         body_read: bytes | None = None
         if not response.is_stream:
             # read inside the attempt: a backend dying mid-body is still retryable here
@@ -281,5 +282,5 @@ def release(forwarded: Forwarded, ctx: RequestContext) -> None:
         if ctx.output_chunks > 1 and ctx.last_chunk_ns is not None:
             tpot = (ctx.last_chunk_ns - forwarded.first_chunk_ns) / 1e9 / (ctx.output_chunks - 1)
         backend.observe(ttft, tpot)
-        forwarded.pool.observe_ttft(ttft, backend, forwarded.sent_ns)
+        forwarded.pool.observe_ttft(ttft)
     forwarded.pool.release(backend)

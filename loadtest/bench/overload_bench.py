@@ -58,6 +58,7 @@ SCENARIOS = {
 class Results:
     ttft: list[float] = field(default_factory=list)  # admitted interactive requests
     by_pool: dict[str, list[float]] = field(default_factory=dict)  # their TTFT by pool
+    samples: list[tuple[float, str, float]] = field(default_factory=list)  # (at, pool, TTFT)
     refused: list[float] = field(default_factory=list)  # seconds until a 503 came back
     retry_after: list[int] = field(default_factory=list)
     errors: int = 0
@@ -120,6 +121,7 @@ async def run_load(url: str, args: argparse.Namespace, rate: float, batch: bool)
             if status == 200 and seconds is not None:
                 res.ttft.append(seconds)
                 res.by_pool.setdefault(retry or "?", []).append(seconds)
+                res.samples.append((round(at, 3), retry or "?", round(seconds, 4)))
             elif status == 503 and seconds is not None:
                 res.refused.append(seconds)
                 if retry and retry.isdigit():
@@ -256,6 +258,7 @@ def row(scenario: str, res: Results, offered: int, args: argparse.Namespace) -> 
         "interactive_by_pool": {
             name: {"requests": len(v), "ttft_p50_ms": pct(v, 0.5) * 1000,
                    "ttft_p99_ms": pct(v, 0.99) * 1000} for name, v in sorted(res.by_pool.items())},
+        "samples": sorted(res.samples),
     }
 
 
