@@ -209,10 +209,12 @@ class PoolState:
     def observe_ttft(self, seconds: float) -> None:
         self._ttfts.append(seconds)
 
-    def observe_first_token(self, backend: BackendState, seconds: float, sent_ns: int) -> None:
+    def observe_first_token(self, backend: BackendState, seconds: float | None,
+                            sent_ns: int) -> None:
         """A first token came back from ``backend`` ``seconds`` after the request was sent at
         ``sent_ns`` (``time.perf_counter_ns``): the predictor learns from it at once, not when
-        the answer ends, so a queue building up is seen within one TTFT."""
+        the answer ends, so a queue building up is seen within one TTFT. None: the request
+        expects no first token of its own (not streamed)."""
         self.predictor.observe(backend, seconds, sent_ns)
 
     def _panic(self, healthy: int) -> bool:

@@ -20,6 +20,11 @@ The model, per backend (a fluid queue of prompt tokens):
   drains ``work``, so the two agree: a rate set too low leaves too little work ahead and the
   next samples raise it, and the reverse.
   Before any observation: :data:`DEFAULT_SECONDS_PER_TOKEN`.
+- a stall: the oldest start still waiting for its first token has waited ``age`` for
+  ``tokens`` (its own plus those ahead of it); its sample will be at least ``age / tokens``, so
+  the prediction uses that when it is the higher rate, and reacts to an engine that slowed
+  down within the wait, not one TTFT after it. Starts that expect no first token (answers
+  that are not streamed) are closed when sent.
 - KV pressure: an engine reporting its cache >= :data:`KV_FULL` full cannot admit a new
   sequence until one finishes; the prediction is doubled (a penalty, not a model).
 
@@ -96,6 +101,16 @@ class BackendLoad:
         if len(self._open) > _MAX_OPEN:
             self._open.popleft()
 
+    def rate(self, now_ns: int) -> float:
+        """Seconds per prompt token, raised by the oldest start still waiting (a stall)."""
+        if not self._open:
+            return self.seconds_per_token
+        started, tokens, ahead = self._open[0]
+        total = tokens + ahead
+        if not started or total < 1:
+            return self.seconds_per_token
+        return max(self.seconds_per_token, (now_ns - started) / 1e9 / total)
+
     def _match(self, sent_ns: int | None) -> tuple[int, int, float] | None:
         """Remove and return the start of the request sent at ``sent_ns``."""
         entries = self._open
@@ -109,10 +124,11 @@ class BackendLoad:
                     return entry
         return entries.popleft()
 
-    def observe(self, ttft: float, sent_ns: int | None = None) -> None:
-        """A first token came back: one sample of the effective prefill cost."""
+    def observe(self, ttft: float | None, sent_ns: int | None = None) -> None:
+        """A first token came back (``ttft``): one sample of the effective prefill cost; None:
+        the request expects none (not streamed), forget its start."""
         entry = self._match(sent_ns)
-        if entry is None:
+        if entry is None or ttft is None:
             return
         _, tokens, ahead = entry
         total = tokens + ahead
@@ -146,8 +162,9 @@ class Predictor:
     def predict(self, backend: BackendState, tokens: int, now: float) -> Prediction:
         """Time to first token of a request of ``tokens`` prompt tokens sent to it now."""
         load = self.load(backend)
-        ahead = load.ahead(backend, now) * load.seconds_per_token
-        ttft = ahead + max(0, tokens) * load.seconds_per_token
+        rate = load.rate(time.perf_counter_ns())
+        ahead = load.ahead(backend, now) * rate
+        ttft = ahead + max(0, tokens) * rate
         if backend.engine_kv_usage >= KV_FULL:
             return Prediction(2 * ttft, 2 * ttft)
         return Prediction(ttft, ahead)
@@ -157,8 +174,10 @@ class Predictor:
         load = self.load(backend)
         load.start(tokens, load.ahead(backend, now), now, time.perf_counter_ns())
 
-    def observe(self, backend: BackendState, ttft: float, sent_ns: int | None = None) -> None:
-        """The TTFT of a request sent at ``sent_ns`` (``time.perf_counter_ns``)."""
+    def observe(self, backend: BackendState, ttft: float | None,
+                sent_ns: int | None = None) -> None:
+        """The TTFT of a request sent at ``sent_ns`` (``time.perf_counter_ns``); None: it
+        expects no first token."""
         self.load(backend).observe(ttft, sent_ns)
 
     def settle(self, backend: BackendState) -> None:

@@ -162,6 +162,8 @@ async def _attempt(
     if backend.auth_header:
         send_headers = [*headers, (b"authorization", backend.auth_header)]
     sent_ns = time.perf_counter_ns()
+    if not ctx.stream:  # no first token to learn from: close its start in the predictor
+        pool.observe_first_token(backend, None, sent_ns)
     deadline = time.monotonic() + timeouts.total
     try:
         response = await upstream.post(backend.urls[endpoint], body, send_headers, timeouts)

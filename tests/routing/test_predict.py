@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from gateway.config import Backend
@@ -67,3 +69,14 @@ def test_unobserved_starts_are_forgotten_on_release() -> None:
     p.start(b, 1000, now=100.0)
     p.observe(b, 1000 * DEFAULT_SECONDS_PER_TOKEN)
     assert p.load(b).seconds_per_token == pytest.approx(DEFAULT_SECONDS_PER_TOKEN)
+
+
+def test_a_start_still_waiting_raises_the_rate() -> None:
+    """A request sent 50+ ms ago for 1,000 tokens and still without its first token means at
+    least 5e-5 s per token, whatever was learned before: the next prediction says so."""
+    b, p = _backend(), Predictor()
+    p.start(b, 1000, now=0.0)
+    time.sleep(0.05)
+    assert p.predict(b, 1000, now=0.0).ttft >= 2000 * 0.05 / 1000
+    p.observe(b, None)  # not streamed: closed without a sample
+    assert p.predict(b, 1000, now=0.0).ttft == pytest.approx(2000 * DEFAULT_SECONDS_PER_TOKEN)
