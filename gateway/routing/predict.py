@@ -25,6 +25,11 @@ The model, per backend (a fluid queue of prompt tokens):
   the prediction uses that when it is the higher rate, and reacts to an engine that slowed
   down within the wait, not one TTFT after it. Starts that expect no first token (answers
   that are not streamed) are closed when sent.
+- recent waits: each observed TTFT minus its own prompt's prefill is how long it waited behind
+  others (EWMA). While any start is still waiting for its first token, the time ahead of a new
+  request is at least that recent wait: ground truth one TTFT late, a floor under a model that
+  may have drained its fluid queue too fast. With nothing waiting it is ignored, so an idle
+  backend never looks busy.
 - KV pressure: an engine reporting its cache >= :data:`KV_FULL` full cannot admit a new
   sequence until one finishes; the prediction is doubled (a penalty, not a model).
 
@@ -55,6 +60,7 @@ DEFAULT_SECONDS_PER_TOKEN = 2.5e-5
 #: engine KV-cache use at which new sequences wait for a running one to finish
 KV_FULL = 0.95
 _ALPHA = 0.15  # weight of the newest sample in the learned rate
+_WAIT_ALPHA = 0.3  # weight of the newest observed wait behind others
 _MAX_OPEN = 4096  # open starts kept per backend (the rest are forgotten, oldest first)
 
 
@@ -69,13 +75,15 @@ class Prediction:
 class BackendLoad:
     """The fluid prefill queue of one backend, as this gateway process sees it."""
 
-    __slots__ = ("_at", "_open", "learned", "mean_tokens", "seconds_per_token", "work")
+    __slots__ = ("_at", "_open", "learned", "mean_tokens", "recent_wait", "seconds_per_token",
+                 "work")
 
     def __init__(self) -> None:
         self.work = 0.0  # prompt tokens sent whose prefill may not be done
         self._at = 0.0  # monotonic time ``work`` was last drained to
         self.seconds_per_token = DEFAULT_SECONDS_PER_TOKEN
         self.learned = False  # a sample has replaced the default
+        self.recent_wait = 0.0  # EWMA of observed TTFT minus own prefill, seconds
         self.mean_tokens = 0.0  # EWMA of the prompt tokens started here
         #: (started at, own tokens, tokens ahead) per start, oldest first
         self._open: deque[tuple[int, int, float]] = deque()
@@ -138,6 +146,12 @@ class BackendLoad:
         self.seconds_per_token = sample if not self.learned else (
             _ALPHA * sample + (1 - _ALPHA) * self.seconds_per_token)
         self.learned = True
+        wait = max(0.0, ttft - tokens * self.seconds_per_token)
+        self.recent_wait = _WAIT_ALPHA * wait + (1 - _WAIT_ALPHA) * self.recent_wait
+
+    def waiting(self) -> bool:
+        """Is a start still waiting for its first token?"""
+        return bool(self._open)
 
     def settle(self, open_requests: int) -> None:
         """Forget starts that ended without an observation (failed, cancelled)."""
@@ -164,6 +178,8 @@ class Predictor:
         load = self.load(backend)
         rate = load.rate(time.perf_counter_ns())
         ahead = load.ahead(backend, now) * rate
+        if load.waiting():
+            ahead = max(ahead, load.recent_wait)
         ttft = ahead + max(0, tokens) * rate
         if backend.engine_kv_usage >= KV_FULL:
             return Prediction(2 * ttft, 2 * ttft)

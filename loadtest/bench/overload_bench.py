@@ -116,8 +116,10 @@ async def run_load(url: str, args: argparse.Namespace, rate: float, batch: bool)
                                                        "interactive")
             except Exception:
                 status, seconds, retry = 0, None, None
-            if at < args.warmup:
-                return  # the same warm-up is left out of every scenario
+            if at < args.warmup:  # the same warm-up is left out of every scenario's figures
+                if status == 200 and seconds is not None:
+                    res.samples.append((round(at, 3), f"warmup-{retry}", round(seconds, 4)))
+                return
             if status == 200 and seconds is not None:
                 res.ttft.append(seconds)
                 res.by_pool.setdefault(retry or "?", []).append(seconds)
@@ -351,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", type=int, default=2300, help="interactive prompt tokens")
     p.add_argument("--output", type=int, default=25, help="interactive output tokens")
     p.add_argument("--batch-workers", type=int, default=48)
-    p.add_argument("--batch-cap", type=int, default=32, help="batch backend max_in_flight")
+    p.add_argument("--batch-cap", type=int, default=64,
+                   help="batch backend max_in_flight (64, as the routing benchmark)")
     p.add_argument("--interactive-cap", type=int, default=32,
                    help="interactive backend max_in_flight")
     p.add_argument("--batch-prompt", type=int, default=1000)
