@@ -5,9 +5,9 @@ never waits behind a batch request. A waiting request holds no backend connectio
 future that :meth:`PoolState.dispatch` completes with a backend when one frees up.
 
 The pool also predicts a new request's time to first token (:mod:`gateway.routing.predict`,
-fed by :meth:`PoolState.note_start` and :meth:`PoolState.observe_ttft`): borrowing, lending
-and shedding decide on it. A pool that ``lend``s throttles its own class while a higher class
-borrows it (:meth:`PoolState.admits`).
+fed by :meth:`PoolState.note_start` and :meth:`PoolState.observe_first_token`): borrowing,
+lending and shedding decide on it. A pool that ``lend``s throttles its own class while a higher
+class borrows it (:meth:`PoolState.admits`).
 """
 
 from __future__ import annotations
