@@ -275,7 +275,8 @@ class Pipeline:
             route = router.route_request(model, ctx.request_class or "", ctx.key_id,
                                          parsed.payload, session)
             route.tenant, route.weight = ctx.tenant or "", _weight(runtime, ctx.tenant)
-            route.tokens = _tokens(admitted, size, _output(model, parsed))
+            route.prompt_tokens = _route_tokens(admitted, size)
+            route.tokens = route.prompt_tokens + _output(model, parsed)
             ctx.version, ctx.upstream_model = route.version, route.upstream_model
             path, frontend = endpoint.path, frontend_for(endpoint.api)
             shape: Shape = "openai"
@@ -498,14 +499,6 @@ def _weight(runtime: Runtime, tenant: str | None) -> float:
     return plan.weight if plan is not None else 1.0
 
 
-def _tokens(admitted: Admitted | None, size: int, output: int) -> int:
-    """The request's estimated prompt + output tokens, for its tenant's fair share: the
-    prompt as admission counted it, else a quarter of the body's bytes. The prompt is not
-    tokenised for this alone: the share needs a relative size, not an exact one."""
-    split = admitted.split if admitted is not None else None
-    return (split.total if split is not None else size // 4) + output
-
-
 def _upstream_body(parsed: ParsedRequest, body: bytes, upstream_model: str
                    ) -> tuple[bytes, StreamScanner | None, ModelRenamer | None]:
     """The body for the backend (its model name; streams always ask for usage, which the
@@ -529,6 +522,15 @@ def _prompt_tokens(admitted: Admitted | None, counter: PromptCounter, parsed: Pa
     """The prompt's tokens as admission counted them (or counted now, without limits)."""
     split = admitted.split if admitted is not None else None
     return (split or count_prompt(counter, "chat", parsed.payload)).total
+
+
+def _route_tokens(admitted: Admitted | None, size: int) -> int:
+    """The prompt's tokens for routing (prefill prediction, the tenant's fair share):
+    admission's count when it counted, else the body's bytes / 4 (about a token per four
+    bytes of text; routing predicts and shares, it does not bill, so the prompt is not
+    tokenised for this alone)."""
+    split = admitted.split if admitted is not None else None
+    return split.total if split is not None else size // 4
 
 
 def _actual(usage: TokenUsage | None) -> tuple[int | None, int]:

@@ -21,6 +21,7 @@ __all__ = [
     "Borrow",
     "ClientLimits",
     "Health",
+    "Lend",
     "LimitSet",
     "Model",
     "Organization",
@@ -35,6 +36,7 @@ __all__ = [
     "Routing",
     "Server",
     "Shadow",
+    "Shed",
     "Signals",
     "Store",
     "Team",
@@ -98,12 +100,53 @@ class Health(_Base, frozen=True):
 
 
 class Borrow(_Base, frozen=True):
-    """Lets requests of other classes use this pool while it has headroom."""
+    """Lets requests of lower classes use this pool while it has headroom.
+
+    A borrower is let in only while all of these hold: nothing waits in the pool's queue, its
+    in-flight is below ``max_share`` of its capacity, its recent TTFT p90 is below
+    ``ttft_p90_target``, no backend reports a waiting engine queue, and the predicted TTFT of
+    the pool's own typical request stays within ``ttft_p90_target`` once the borrower's prompt
+    is prefilled ahead of it (:mod:`gateway.routing.predict`): a long borrowed prompt is
+    refused where a short one fits, so borrowing never pushes the owner's requests late.
+    """
 
     #: borrowers may use the pool only while its in-flight is below this share of its capacity
     max_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.5
-    #: ... and its recent TTFT p90 is below this many seconds
+    #: ... its recent TTFT p90 and the predicted TTFT of its own next request (behind the
+    #: borrower's prefill) are below this many seconds
     ttft_p90_target: PositiveFloat = 0.5
+
+
+class Lend(_Base, frozen=True):
+    """Lets a higher class use this pool when its own pool would miss its ``ttft_target``.
+
+    Set it on a batch pool: an interactive request whose own pool predicts a TTFT above the
+    class's ``ttft_target`` goes here instead when this pool predicts an earlier first token,
+    taking a free slot ahead of this pool's own waiting requests. The pool's own class always
+    leaves ``reserve`` of its capacity free for borrowers, and while it lends it is throttled to
+    ``own_share``, so its prefills do not crowd out the borrowers'.
+    """
+
+    #: share of the capacity the pool's own class always leaves free for borrowers
+    reserve: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
+    #: while lending, the pool's own class holds at most this share of its capacity
+    own_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.25
+    #: the pool counts as lending for this many seconds after a borrower last started here
+    window: PositiveFloat = 5.0
+
+
+class Shed(_Base, frozen=True):
+    """Refuse at once (503 + Retry-After) a request the pool predicts would start too late.
+
+    From the engines' scraped queue and KV use, the prompt tokens sent and the TTFTs observed,
+    the pool predicts a request's time to first token; it is refused when that exceeds
+    ``margin`` x the time left before its class's ``start_deadline`` (reason ``deadline``), or,
+    for a lower class, the ``ttft_target`` of a higher class using the pool (``priority``: batch
+    is shed before interactive). Never when nothing is ahead of the request.
+    """
+
+    #: share of the time left before the start deadline the prediction may use
+    margin: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
 
 
 class Signals(_Base, frozen=True):
@@ -138,8 +181,12 @@ class Pool(_Base, frozen=True):
     fallback: Name | None = None
     #: requests waiting for a free backend, at most
     queue_size: Annotated[int, msgspec.Meta(ge=0)] = 1024
-    #: lets other classes borrow this pool while it has headroom (set on interactive pools)
+    #: lets lower classes borrow this pool while it has headroom (set on interactive pools)
     borrow: Borrow | None = None
+    #: lets a higher class borrow this pool when its own would miss its target (batch pools)
+    lend: Lend | None = None
+    #: refuse at once requests predicted to start after their deadline
+    shed: Shed | None = None
     health: Health = msgspec.field(default_factory=Health)
     signals: Signals | None = None
     affinity: Affinity | None = None
@@ -285,6 +332,10 @@ class RequestClass(_Base, frozen=True):
     priority: int = 0
     #: a request that cannot start (get a backend) within this many seconds is refused at once
     start_deadline: PositiveFloat = 10.0
+    #: the time to first token this class aims for: above it (predicted on its own pool) its
+    #: requests borrow a lower class's pool that ``lend``s, and a pool that ``shed``s refuses
+    #: lower classes first; None: neither
+    ttft_target: PositiveFloat | None = None
     #: per-class upstream timeouts (default: ``server.timeouts``)
     timeouts: Timeouts | None = None
 

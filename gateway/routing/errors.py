@@ -4,11 +4,14 @@
     ├── NoHealthyBackend   nothing in the pool can serve the request (all ejected or tried)
     ├── PoolCoolingDown    every backend left asked us to wait (Retry-After)
     └── PoolSaturated      the pool is healthy but cannot start the request in time
+        └── RequestShed    refused at once: the prediction says it would start too late
 """
 
 from __future__ import annotations
 
-__all__ = ["NoHealthyBackend", "PoolCoolingDown", "PoolSaturated", "RoutingError"]
+__all__ = [
+    "NoHealthyBackend", "PoolCoolingDown", "PoolSaturated", "RequestShed", "RoutingError",
+]
 
 
 class RoutingError(Exception):
@@ -33,3 +36,15 @@ class PoolCoolingDown(RoutingError):
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class RequestShed(PoolSaturated):
+    """Refused at once: the pool predicts the request would start too late (load shedding).
+
+    ``reason`` says which rule refused it (see :mod:`gateway.routing.shed`); callers that map
+    :class:`PoolSaturated` to a 503 with ``Retry-After`` handle it unchanged.
+    """
+
+    def __init__(self, message: str, retry_after: int, reason: str) -> None:
+        super().__init__(message, retry_after)
+        self.reason = reason

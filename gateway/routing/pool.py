@@ -5,6 +5,11 @@ batch request; inside a class, by weighted fair share of tokens between tenants
 (:mod:`gateway.routing.fair`; with ``fair: false``, one flow for all), and inside a tenant by
 deadline, then arrival. A waiting request holds no backend connection: it holds a future that
 :meth:`PoolState.dispatch` completes with a backend when one frees up.
+
+The pool also predicts a new request's time to first token (:mod:`gateway.routing.predict`,
+fed by :meth:`PoolState.note_start` and :meth:`PoolState.observe_first_token`): borrowing,
+lending and shedding decide on it. A pool that ``lend``s throttles its own class while a higher
+class borrows it (:meth:`PoolState.admits`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from gateway.routing.backend import BackendState
 from gateway.routing.errors import NoHealthyBackend, PoolCoolingDown, PoolSaturated
 from gateway.routing.fair import FairQueue
 from gateway.routing.pick import pick_affine, pick_least_loaded, pick_round_robin
+from gateway.routing.predict import Prediction, Predictor
 
 if TYPE_CHECKING:
     from collections.abc import Collection
@@ -30,6 +36,8 @@ __all__ = ["PoolState"]
 
 _TTFT_WINDOW = 256  # recent TTFT observations kept for the p90 that borrowing reads
 _RATE_HALF_LIFE = 5.0  # seconds; decay of the completion-rate estimate
+_PRESSURE_WINDOW = 10.0  # seconds a higher class counts as using the pool after its last request
+_TOKENS_ALPHA = 0.1  # weight of the newest prompt in the own-class typical prompt size
 
 
 class _Waiter:
@@ -79,6 +87,14 @@ class PoolState:
         self._p90_cache = (0.0, 0.0)  # (computed at, value)
         self._rate = 0.0  # completions per second (decaying)
         self._rate_at = time.monotonic()
+        self.predictor = Predictor()
+        #: priority of the pool's own class (set by the router; None: unknown, no throttling)
+        self.own_priority: int | None = None
+        self._own_tokens = 0.0  # EWMA of the own class's prompt tokens
+        self._queued_tokens = 0  # prompt tokens of the requests waiting in the queue
+        self._lent_until = 0.0  # monotonic time the pool stops counting as lending
+        self._throttle_timer: asyncio.TimerHandle | None = None
+        self._pressure: dict[int, tuple[float, float]] = {}  # priority -> (seen at, ttft target)
 
     # --- figures
     @property
@@ -110,18 +126,103 @@ class PoolState:
             self._p90_cache = (now, value)
         return value
 
-    def has_headroom(self, now: float) -> bool:
-        """May a borrower from another class use this pool now?"""
+    def has_headroom(self, now: float, prompt_tokens: int = 0) -> bool:
+        """May a borrower of a lower class, with a prompt of ``prompt_tokens``, use this pool now?
+
+        Besides the share and the recent p90, the borrower's prefill must not push the pool's
+        own next request past the target: an engine queue reported by any backend refuses it,
+        and so does a prediction, for the own class's typical prompt behind the borrower's,
+        above ``ttft_p90_target``.
+        """
         borrow = self.config.borrow
         if borrow is None or self.queued:
             return False
         if self.in_flight >= borrow.max_share * self.capacity(now):
             return False
         p90 = self.ttft_p90()
-        return p90 is None or p90 < borrow.ttft_p90_target
+        if p90 is not None and p90 >= borrow.ttft_p90_target:
+            return False
+        options = self.candidates(now)
+        if not options or any(b.engine_waiting > 0 for b in options):
+            return False
+        behind = prompt_tokens + round(self._own_tokens)
+        best = min(self.predictor.predict(b, behind, now).ttft for b in options)
+        return best <= borrow.ttft_p90_target
+
+    def predict(self, now: float, prompt_tokens: int, exclude: Collection[BackendState] = (),
+                *, ahead_of_queue: bool = False) -> Prediction:
+        """Predicted time to first token of a request entering this pool now.
+
+        With a free backend and no queue: the best free backend's prediction. Otherwise the
+        expected wait for a slot, plus the queued prompts' prefill spread over the healthy
+        backends, plus the best backend's prediction. ``ahead_of_queue``: the request would be
+        served before everything queued (a higher class borrowing the pool).
+        """
+        options = self.candidates(now, exclude)
+        if options and (ahead_of_queue or not self.queued):
+            return min((self.predictor.predict(b, prompt_tokens, now) for b in options),
+                       key=lambda p: p.ttft)
+        healthy = [b for b in self.backends if b.healthy(now) and b not in exclude]
+        if not healthy:
+            return Prediction(float("inf"), float("inf"))
+        best = min((self.predictor.predict(b, prompt_tokens, now) for b in healthy),
+                   key=lambda p: p.ttft)
+        if ahead_of_queue:
+            wait = self._expected_wait(0)
+        else:
+            rate = min(self.predictor.load(b).seconds_per_token for b in healthy)
+            queued = self._queued_tokens * rate / len(healthy)
+            wait = (self._expected_wait(self.queued) if self.queued else 0.0) + queued
+        return Prediction(best.ttft + wait, best.ahead + wait)
+
+    def note_start(self, backend: BackendState, prompt_tokens: int, priority: int,
+                   now: float) -> None:
+        """A request of ``prompt_tokens`` got ``backend``: count its prefill ahead of the next."""
+        self.predictor.start(backend, prompt_tokens, now)
+        if self.own_priority is None:
+            return
+        if priority == self.own_priority:
+            self._own_tokens = prompt_tokens if not self._own_tokens else (
+                _TOKENS_ALPHA * prompt_tokens + (1 - _TOKENS_ALPHA) * self._own_tokens)
+        elif priority < self.own_priority and self.config.lend is not None:  # a borrower
+            self._lent_until = now + self.config.lend.window
+
+    def note_class(self, priority: int, ttft_target: float | None, now: float) -> None:
+        """A request of a class (with its target) entered this pool, for :meth:`pressure`."""
+        if ttft_target is not None:
+            self._pressure[priority] = (now, ttft_target)
+
+    def pressure(self, priority: int, now: float) -> float | None:
+        """The lowest ``ttft_target`` of a higher class than ``priority`` using the pool lately."""
+        targets = [target for p, (at, target) in self._pressure.items()
+                   if p < priority and now - at <= _PRESSURE_WINDOW]
+        return min(targets) if targets else None
+
+    def admits(self, priority: int, now: float) -> bool:
+        """May a request of ``priority`` take a free slot now? Always, unless the pool lends
+        and the request is of its own class (or lower): then only while the in-flight is below
+        ``1 - lend.reserve`` of capacity, and ``lend.own_share`` while a higher class borrowed
+        the pool within ``lend.window``."""
+        lend = self.config.lend
+        if lend is None or self.own_priority is None or priority < self.own_priority:
+            return True
+        share = lend.own_share if now < self._lent_until else 1.0 - lend.reserve
+        return self.in_flight < share * self.capacity(now)
+
+    def lends(self, now: float, exclude: Collection[BackendState] = ()) -> bool:
+        """Could a higher class borrow a free slot here now?"""
+        return self.config.lend is not None and bool(self.candidates(now, exclude))
 
     def observe_ttft(self, seconds: float) -> None:
         self._ttfts.append(seconds)
+
+    def observe_first_token(self, backend: BackendState, seconds: float | None,
+                            sent_ns: int) -> None:
+        """A first token came back from ``backend`` ``seconds`` after the request was sent at
+        ``sent_ns`` (``time.perf_counter_ns``): the predictor learns from it at once, not when
+        the answer ends, so a queue building up is seen within one TTFT. None: the request
+        expects no first token of its own (not streamed)."""
+        self.predictor.observe(backend, seconds, sent_ns)
 
     def _panic(self, healthy: int) -> bool:
         return healthy < self.config.health.panic_threshold * len(self.backends)
@@ -167,6 +268,7 @@ class PoolState:
         exclude: Collection[BackendState] = (),
         affinity: bytes | None = None,
         *,
+        prompt_tokens: int = 0,
         tenant: str = "",
         weight: float = 1.0,
         tokens: int = 0,
@@ -178,10 +280,12 @@ class PoolState:
         (with a retry-after) when the queue is full or the request cannot start before
         ``deadline`` (judged from the waiters it would be served after, not all of them), and
         :class:`NoHealthyBackend` when nothing could ever serve it. Waiting holds no backend
-        connection.
+        connection. ``prompt_tokens`` counts in the queue's prompt total (the prefill
+        ahead of later requests) while it waits.
         """
         now = time.monotonic()
-        backend = None if self.queued else self.try_pick(now, exclude, affinity)
+        backend = (None if self.queued or not self.admits(priority, now)
+                   else self.try_pick(now, exclude, affinity))
         if backend is not None:
             return backend
         if not self.untried(now, exclude):
@@ -191,12 +295,15 @@ class PoolState:
             raise PoolCoolingDown(
                 f"every backend of pool '{self.name}' asked to wait (Retry-After)", cooling
             )
-        ahead = self.queued
-        if ahead >= self.config.queue_size:
-            raise PoolSaturated(f"pool '{self.name}' queue is full ({ahead} waiting)",
-                                self._retry_after(ahead))
+        waiting = self.queued
+        if waiting >= self.config.queue_size:
+            raise PoolSaturated(f"pool '{self.name}' queue is full ({waiting} waiting)",
+                                self._retry_after(waiting))
+        # only the waiters it would be served after count: higher classes and, in its own,
+        # the tenants whose fair share comes first
         flow = tenant if self.config.fair else ""
-        expected = self._expected_wait(self._queue.ahead_of(level=priority, flow=flow))
+        ahead = self._queue.ahead_of(level=priority, flow=flow)
+        expected = self._expected_wait(ahead)
         if now + expected > deadline:
             raise PoolSaturated(
                 f"pool '{self.name}' cannot start this request before its deadline"
@@ -205,6 +312,7 @@ class PoolState:
         waiter = _Waiter((priority, deadline, next(self._seq)), future, exclude, affinity)
         self._queue.push(waiter, level=priority, order=waiter.key, flow=flow, weight=weight,
                          cost=tokens)
+        self._queued_tokens += prompt_tokens
         self.dispatch()
         try:
             async with asyncio.timeout(max(0.0, deadline - now)):
@@ -214,6 +322,7 @@ class PoolState:
                 f"pool '{self.name}' had no free backend before the request's deadline",
                 self._retry_after(self.queued)) from None
         finally:
+            self._queued_tokens -= prompt_tokens
             if not future.done():
                 future.cancel()
             elif not future.cancelled() and future.exception() is None and (
@@ -234,6 +343,7 @@ class PoolState:
     def release(self, backend: BackendState) -> None:
         """Give a slot back and hand it to the first waiter, if any."""
         backend.release()
+        self.predictor.settle(backend)
         self._count_completion()
         self.dispatch()
 
@@ -242,11 +352,26 @@ class PoolState:
         queue = self._queue
         now = time.monotonic()
         while (waiter := queue.first(_waiting)) is not None:
+            if not self.admits(waiter.key[0], now):  # throttled for borrowers
+                if now < self._lent_until:  # no release may come before lending ends
+                    self._redispatch_at(self._lent_until)
+                return
             backend = self.try_pick(now, waiter.exclude, waiter.affinity)
             if backend is None:
                 return
             queue.pop_first()  # served: charged to its tenant's share
             waiter.future.set_result(backend)
+
+    def _redispatch_at(self, when: float) -> None:
+        """Dispatch again when the lending window ends."""
+        if self._throttle_timer is not None and not self._throttle_timer.cancelled():
+            self._throttle_timer.cancel()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # outside the event loop (a test's direct call): nothing to wake
+            return
+        self._throttle_timer = loop.call_at(
+            loop.time() + max(0.0, when - time.monotonic()) + 1e-3, self.dispatch)
 
     # --- queue estimates
     def _count_completion(self) -> None:

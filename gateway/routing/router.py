@@ -3,12 +3,21 @@
 A request's primary pool is the model's pool for its class (or its rollout version's pool).
 Then, in order:
 
+0. interactive borrowing: when the class has a ``ttft_target`` and the primary pool's
+   predicted TTFT for this prompt (:meth:`PoolState.predict`) exceeds it, a lower class's pool
+   of the model that ``lend``s, has a free slot and predicts an earlier first token takes the
+   request at once, ahead of that pool's own waiting requests (and throttles its own class
+   meanwhile);
 1. a free backend of the primary pool;
 2. borrowing: a pool of the same model that lends headroom (``borrow`` on interactive pools)
-   takes the request at once while it has headroom - a borrower never queues there;
+   takes the request at once while it has headroom for this prompt - a borrower never queues
+   there;
 3. overflow: when the primary pool has no healthy capacity at all, another pool of the model
    takes the request (queueing there by class priority, ahead of that pool's own lower class);
 4. otherwise the request waits in the primary pool's queue, up to its start deadline.
+
+Before 1 and 4, a pool with ``shed`` refuses at once a request it predicts would start too
+late (:mod:`gateway.routing.shed`), raising :class:`RequestShed`.
 """
 
 from __future__ import annotations
@@ -18,10 +27,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.routing.conversation import conversation_key
-from gateway.routing.errors import NoHealthyBackend
+from gateway.routing.errors import NoHealthyBackend, RequestShed
 from gateway.routing.pool import PoolState
 from gateway.routing.retry import RetryBudget
 from gateway.routing.rollout import choose_version
+from gateway.routing.shed import retry_after, shed_reason
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping
@@ -29,6 +39,7 @@ if TYPE_CHECKING:
 
     from gateway.config import Model, Policy, RequestClass
     from gateway.routing.backend import BackendState
+    from gateway.routing.predict import Prediction
 
 __all__ = ["Route", "Router"]
 
@@ -51,6 +62,8 @@ class Route:
     weight: float = 1.0
     #: estimated prompt + output tokens: what the request costs its tenant's share
     tokens: int = 0
+    #: the prompt's estimated tokens (admission's count, else from the body's size)
+    prompt_tokens: int = 0
 
 
 class Router:
@@ -68,6 +81,9 @@ class Router:
             reuse = {url: state for (name, url), state in old.items() if name == p.name}
             self.pools[p.name] = PoolState(p, reuse)
         self.classes: dict[str, RequestClass] = {c.name: c for c in policy.classes}
+        for state in self.pools.values():
+            owner = self.classes.get(state.request_class)
+            state.own_priority = owner.priority if owner is not None else None
         self.budget: RetryBudget = (
             previous.budget
             if previous is not None and previous.policy.routing.retry == policy.routing.retry
@@ -122,28 +138,90 @@ class Router:
     async def acquire(
         self, route: Route, pool: PoolState, exclude: Collection[BackendState]
     ) -> tuple[PoolState, BackendState]:
-        """A (pool, backend) for the next attempt; the backend's slot is held by the caller."""
+        """A (pool, backend) for the next attempt; the backend's slot is held by the caller.
+
+        Raises :class:`RequestShed` when a shedding pool predicts the request would start too
+        late, besides what :meth:`PoolState.acquire` raises.
+        """
         now = time.monotonic()
-        priority = route.request_class.priority
-        if not pool.queued:
+        request_class = route.request_class
+        priority, tokens = request_class.priority, route.prompt_tokens
+        pool.note_class(priority, request_class.ttft_target, now)
+        prediction = pool.predict(now, tokens, exclude)
+        tenant, weight, cost = route.tenant, route.weight, route.tokens
+        lender = self._lender(route, pool, prediction, exclude, now)
+        if lender is not None:
+            lender.note_class(priority, request_class.ttft_target, now)
+            backend = lender.try_pick(now, exclude, route.affinity)
+            if backend is None:
+                backend = await lender.acquire(
+                    priority, route.deadline, exclude, route.affinity, prompt_tokens=tokens,
+                    tenant=tenant, weight=weight, tokens=cost)
+            return lender, self._started(lender, backend, route)
+        if not pool.queued and pool.admits(priority, now):
+            self._shed(route, pool, prediction, now)
             backend = pool.try_pick(now, exclude, route.affinity)
             if backend is not None:
-                return pool, backend
+                return pool, self._started(pool, backend, route)
         for other in route.spill:
-            if other.has_headroom(now):
+            if other.has_headroom(now, tokens):
                 backend = other.try_pick(now, exclude, route.affinity)
                 if backend is not None:
-                    return other, backend
-        tenant, weight, tokens = route.tenant, route.weight, route.tokens
+                    return other, self._started(other, backend, route)
         if not pool.untried(now, exclude):
             for other in route.spill:
                 if other.untried(now, exclude):
-                    return other, await other.acquire(
-                        priority, route.deadline, exclude,
-                        tenant=tenant, weight=weight, tokens=tokens)
+                    backend = await other.acquire(
+                        priority, route.deadline, exclude, prompt_tokens=tokens,
+                        tenant=tenant, weight=weight, tokens=cost)
+                    return other, self._started(other, backend, route)
             raise NoHealthyBackend(f"pool '{pool.name}' has no healthy backend to try")
-        return pool, await pool.acquire(priority, route.deadline, exclude, route.affinity,
-                                        tenant=tenant, weight=weight, tokens=tokens)
+        self._shed(route, pool, prediction, now)
+        backend = await pool.acquire(priority, route.deadline, exclude, route.affinity,
+                                     prompt_tokens=tokens, tenant=tenant, weight=weight,
+                                     tokens=cost)
+        return pool, self._started(pool, backend, route)
+
+    def _lender(self, route: Route, pool: PoolState, prediction: Prediction,
+                exclude: Collection[BackendState], now: float) -> PoolState | None:
+        """A lower class's lending pool that would start this request sooner than ``pool``,
+        when the class has a TTFT target its own pool is predicted to miss; else None."""
+        request_class = route.request_class
+        target = request_class.ttft_target
+        if target is None or prediction.ttft <= target:
+            return None
+        best, best_ttft = None, prediction.ttft
+        for other in route.spill:
+            owner = self.classes.get(other.request_class)
+            if owner is None or not other.lends(now, exclude):
+                continue
+            if owner.priority <= request_class.priority:
+                continue
+            ttft = other.predict(now, route.prompt_tokens, exclude, ahead_of_queue=True).ttft
+            if ttft < best_ttft:
+                best, best_ttft = other, ttft
+        return best
+
+    @staticmethod
+    def _shed(route: Route, pool: PoolState, prediction: Prediction, now: float) -> None:
+        """Raise :class:`RequestShed` when ``pool`` sheds and the prediction says so."""
+        shed = pool.config.shed
+        if shed is None:
+            return
+        priority = route.request_class.priority
+        reason = shed_reason(prediction, route.deadline - now, shed.margin,
+                             pool.pressure(priority, now))
+        if reason is not None:
+            raise RequestShed(
+                f"pool '{pool.name}' is overloaded: it predicts the first token in"
+                f" ~{prediction.ttft:.1f}s, later than class '{route.request_class.name}'"
+                f" can wait ({reason})", retry_after(prediction), reason)
+
+    @staticmethod
+    def _started(pool: PoolState, backend: BackendState, route: Route) -> BackendState:
+        pool.note_start(backend, route.prompt_tokens, route.request_class.priority,
+                        time.monotonic())
+        return backend
 
     def __repr__(self) -> str:
         return f"<Router [pools: {', '.join(self.pools)} | classes: {', '.join(self.classes)}]>"

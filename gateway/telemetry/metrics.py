@@ -285,6 +285,9 @@ class Metrics:
         self.budget_webhooks = Counter("gateway_budget_alert_webhooks",
                                        "Budget alert webhook deliveries by outcome (delivered, "
                                        "retried, failed, dropped).", ["outcome"], registry=r)
+        self.shed = Counter("gateway_shed", "Requests refused at once because their pool "
+                            "predicted they would start too late (load shedding), by reason: "
+                            "deadline, priority.", [*_ROUTE, "reason"], registry=r)
         self.shadow_requests = Counter("gateway_shadow_requests",
                                        "Shadow (mirrored) requests, by outcome.", ["status"],
                                        registry=r)
@@ -493,6 +496,11 @@ class Metrics:
             self.shadow_latency_ratio.labels(model, version, "ttft").observe(ttft_ratio)
         if duration_ratio is not None:
             self.shadow_latency_ratio.labels(model, version, "duration").observe(duration_ratio)
+
+    def shed_request(self, model: str, pool: str, cls: str, reason: str) -> None:
+        """A request was refused by load shedding (answered 503 with Retry-After)."""
+        if self.enabled:
+            self.shed.labels(model, pool, cls, reason).inc()
 
     def ejection(self, pool: str, backend: str) -> None:
         """A backend was ejected; also marks it unhealthy."""

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from gateway.errors import BackendFailure, GatewayError, NoBackendAvailable, RateLimited
 from gateway.http.errors import UpstreamError
-from gateway.routing.errors import NoHealthyBackend, PoolCoolingDown, PoolSaturated
+from gateway.routing.errors import NoHealthyBackend, PoolCoolingDown, PoolSaturated, RequestShed
 from gateway.routing.retry import RETRYABLE_STATUS, backoff
 from gateway.telemetry.redact import Redactor
 from gateway.telemetry.spans import NOOP_SPAN
@@ -122,6 +122,9 @@ async def forward(
             last = last or RateLimited(str(exc), headers={"Retry-After": str(exc.retry_after)})
             break
         except PoolSaturated as exc:
+            if metrics is not None and isinstance(exc, RequestShed):
+                metrics.shed_request(route.model.name, pool.name, route.request_class.name,
+                                     exc.reason)
             last = last or NoBackendAvailable(
                 str(exc), headers={"Retry-After": str(exc.retry_after)}
             )
@@ -163,6 +166,8 @@ async def _attempt(
     if backend.auth_header:
         send_headers = [*headers, (b"authorization", backend.auth_header)]
     sent_ns = time.perf_counter_ns()
+    if not ctx.stream:  # no first token to learn from: close its start in the predictor
+        pool.observe_first_token(backend, None, sent_ns)
     deadline = time.monotonic() + timeouts.total
     try:
         response = await upstream.post(backend.urls[endpoint], body, send_headers, timeouts)
@@ -183,6 +188,7 @@ async def _attempt(
                 backend.on_failure(health, time.monotonic())
                 raise _Failed(as_gateway_error(exc, backend.label)) from exc
             first_ns = time.perf_counter_ns()
+            pool.observe_first_token(backend, (first_ns - sent_ns) / 1e9, sent_ns)
         body_read: bytes | None = None
         if not response.is_stream:
             # read inside the attempt: a backend dying mid-body is still retryable here
