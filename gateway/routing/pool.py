@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 
 from gateway.routing.backend import BackendState
 from gateway.routing.errors import NoHealthyBackend, PoolCoolingDown, PoolSaturated
-from gateway.routing.pick import pick_affine, pick_least_loaded, pick_round_robin
+from gateway.routing.pick import pick_affine, pick_least_loaded, pick_prefix, pick_round_robin
+from gateway.routing.prefix import PrefixIndex
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Collection, Sequence
 
     from gateway.config import Pool
 
@@ -31,7 +32,7 @@ _RATE_HALF_LIFE = 5.0  # seconds; decay of the completion-rate estimate
 
 
 class _Waiter:
-    __slots__ = ("affinity", "exclude", "future", "key")
+    __slots__ = ("affinity", "exclude", "future", "key", "prefix")
 
     def __init__(
         self,
@@ -39,8 +40,10 @@ class _Waiter:
         future: asyncio.Future[BackendState],
         exclude: Collection[BackendState],
         affinity: bytes | None,
+        prefix: Sequence[int] | None = None,
     ) -> None:
         self.key, self.future, self.exclude, self.affinity = key, future, exclude, affinity
+        self.prefix = prefix
 
     def __lt__(self, other: _Waiter) -> bool:
         return self.key < other.key
@@ -72,6 +75,13 @@ class PoolState:
         self._p90_cache = (0.0, 0.0)  # (computed at, value)
         self._rate = 0.0  # completions per second (decaying)
         self._rate_at = time.monotonic()
+        #: ``strategy: prefix``: its settings and the index of prefixes sent to each backend
+        self.prefix_routing = config.prefix_routing
+        self.prefix_index = (
+            PrefixIndex(self.backends, self.prefix_routing.max_entries)
+            if self.prefix_routing is not None
+            else None
+        )
 
     # --- figures
     @property
@@ -129,21 +139,42 @@ class PoolState:
         return [b for b in self.backends if b.available(now) and b not in exclude]
 
     def try_pick(
-        self, now: float, exclude: Collection[BackendState] = (), affinity: bytes | None = None
+        self,
+        now: float,
+        exclude: Collection[BackendState] = (),
+        affinity: bytes | None = None,
+        prefix: Sequence[int] | None = None,
     ) -> BackendState | None:
-        """A backend with a free slot now, acquired; None if there is none."""
+        """A backend with a free slot now, acquired; None if there is none.
+
+        ``prefix``: the prompt's chunk hashes (``gateway.routing.prefix``), read by
+        ``strategy: prefix`` and recorded against the backend picked.
+        """
         options = self.candidates(now, exclude)
         backend: BackendState | None = None
+        index = self.prefix_index
         if affinity is not None and self.config.affinity is not None:
             backend = pick_affine(options, affinity, self.config.affinity.bounded_load)
         if backend is None:
             if self.config.strategy == "round_robin":
                 backend = pick_round_robin(options, next(self._rr))
+            elif index is not None and prefix and self.prefix_routing is not None:
+                depths = index.depths(prefix)
+                backend = pick_prefix(
+                    options,
+                    lambda b: index.depth_of(depths, b),
+                    self.prefix_routing.bounded_load,
+                    self._rng,
+                )
             else:
                 backend = pick_least_loaded(options, self._rng)
         if backend is not None:
             backend.on_pick(now)
             backend.acquire()
+            if index is not None and prefix:
+                # at the pick, not the answer's end: the engine caches the prefix as soon as it
+                # has prefilled it, and the next request sharing it may already be on its way
+                index.record(backend, prefix)
         return backend
 
     def untried(self, now: float, exclude: Collection[BackendState]) -> bool:
@@ -159,6 +190,7 @@ class PoolState:
         deadline: float,
         exclude: Collection[BackendState] = (),
         affinity: bytes | None = None,
+        prefix: Sequence[int] | None = None,
     ) -> BackendState:
         """A backend for a request: at once if one is free, else after waiting in the queue.
 
@@ -167,7 +199,7 @@ class PoolState:
         serve it. Waiting holds no backend connection.
         """
         now = time.monotonic()
-        backend = None if self.queued else self.try_pick(now, exclude, affinity)
+        backend = None if self.queued else self.try_pick(now, exclude, affinity, prefix)
         if backend is not None:
             return backend
         if not self.untried(now, exclude):
@@ -187,7 +219,7 @@ class PoolState:
                 f"pool '{self.name}' cannot start this request before its deadline"
                 f" ({ahead} waiting, ~{expected:.1f}s)", self._retry_after(ahead))
         future: asyncio.Future[BackendState] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter((priority, deadline, next(self._seq)), future, exclude, affinity)
+        waiter = _Waiter((priority, deadline, next(self._seq)), future, exclude, affinity, prefix)
         heapq.heappush(self._queue, waiter)
         self.dispatch()
         try:
@@ -230,7 +262,7 @@ class PoolState:
             if waiter.future.done():
                 heapq.heappop(queue)
                 continue
-            backend = self.try_pick(now, waiter.exclude, waiter.affinity)
+            backend = self.try_pick(now, waiter.exclude, waiter.affinity, waiter.prefix)
             if backend is None:
                 return
             heapq.heappop(queue)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from gateway.routing.conversation import conversation_key
 from gateway.routing.errors import NoHealthyBackend
 from gateway.routing.pool import PoolState
+from gateway.routing.prefix import prompt_hashes
 from gateway.routing.retry import RetryBudget
 from gateway.routing.rollout import choose_version
 
@@ -46,6 +47,8 @@ class Route:
     version: str | None = None
     affinity: bytes | None = None
     tried: list[BackendState] = field(default_factory=list)
+    #: the prompt's chunk hashes when a pool of the model routes by prefix (computed once)
+    prefix: list[int] | None = None
 
 
 class Router:
@@ -78,9 +81,10 @@ class Router:
         session: bytes | None = None,
     ) -> Route:
         """Route one request: its conversation (or key) picks the version a sticky model
-        keeps it on, and the backend an affine pool sends it back to."""
-        affine = self.pools[model.pool].config.affinity is not None or any(
-            self.pools[p].config.affinity is not None for p in model.pools.values())
+        keeps it on, and the backend an affine pool sends it back to; a pool routing by prefix
+        reads the prompt's chunk hashes."""
+        pools = [self.pools[model.pool], *(self.pools[p] for p in model.pools.values())]
+        affine = any(p.config.affinity is not None for p in pools)
         conversation = (conversation_key(payload, session)
                         if affine or model.sticky == "conversation" else None)
         sticky: bytes | None = None
@@ -88,7 +92,11 @@ class Router:
             sticky = (key_id or "").encode()
         elif model.sticky == "conversation":
             sticky = conversation
-        return self.route(model, class_name, sticky, conversation if affine else None)
+        route = self.route(model, class_name, sticky, conversation if affine else None)
+        settings = next((p.prefix_routing for p in pools if p.prefix_routing is not None), None)
+        if settings is not None:
+            route.prefix = prompt_hashes(payload, settings.block_bytes)
+        return route
 
     def route(
         self,
@@ -121,12 +129,12 @@ class Router:
         now = time.monotonic()
         priority = route.request_class.priority
         if not pool.queued:
-            backend = pool.try_pick(now, exclude, route.affinity)
+            backend = pool.try_pick(now, exclude, route.affinity, route.prefix)
             if backend is not None:
                 return pool, backend
         for other in route.spill:
             if other.has_headroom(now):
-                backend = other.try_pick(now, exclude, route.affinity)
+                backend = other.try_pick(now, exclude, route.affinity, route.prefix)
                 if backend is not None:
                     return other, backend
         if not pool.untried(now, exclude):
@@ -134,7 +142,9 @@ class Router:
                 if other.untried(now, exclude):
                     return other, await other.acquire(priority, route.deadline, exclude)
             raise NoHealthyBackend(f"pool '{pool.name}' has no healthy backend to try")
-        return pool, await pool.acquire(priority, route.deadline, exclude, route.affinity)
+        return pool, await pool.acquire(
+            priority, route.deadline, exclude, route.affinity, route.prefix
+        )
 
     def __repr__(self) -> str:
         return f"<Router [pools: {', '.join(self.pools)} | classes: {', '.join(self.classes)}]>"
