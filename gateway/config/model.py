@@ -130,8 +130,8 @@ class PrefixRouting(_Base, frozen=True):
     """Send a prompt to the backend that was recently sent its longest prefix, within a load
     bound (``strategy: prefix``; see :mod:`gateway.routing.prefix`)."""
 
-    #: bytes of the prompt's JSON per hashed chunk (~4 bytes a token: 256 is ~64 tokens)
-    block_bytes: Annotated[int, msgspec.Meta(ge=16, le=65536)] = 256
+    #: bytes of the prompt's JSON per hashed chunk (~4 bytes a token: 512 is ~128 tokens)
+    block_bytes: Annotated[int, msgspec.Meta(ge=16, le=65536)] = 512
     #: chunk hashes the pool's index keeps, least recently used dropped first (~100 B each)
     max_entries: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 65536
     #: a backend may take a request for its cached prefix while its load is below this x the

@@ -10,13 +10,17 @@ every turn, and turn n+1's message list encodes to turn n's bytes (less the clos
 the new messages, so it shares all of turn n's full chunks.
 
 The index maps a chunk hash to a bit set of the backends that were sent a prompt holding it,
-least recently used first; beyond ``max_entries`` hashes the oldest go. Nothing tells it when an
-engine evicts, so it is a guess: a stale entry costs one request a cache miss, never an error.
+least recently used first; beyond ``max_entries`` hashes the oldest go. A prompt's chunks are
+recorded last chunk first, so its head is the most recent and a prefix loses its tail before its
+head (as the engines evict); what a backend holds of a prompt is then a prefix of it, and the
+lookup finds each backend's depth by bisection, O(backends x log chunks). Nothing tells the
+index when an engine evicts, so it is a guess: a stale entry costs one request a cache miss,
+never an error.
 Hashes are Python's ``hash`` of ``(parent, bytes)``: fast (SipHash), 64 bits, salted per process,
 never leaving it.
 
-Cost (``loadtest/bench/prefix_cost_bench.py``): the encode, the hashes and the lookup are a few
-microseconds per 1,000 prompt tokens.
+Cost (``loadtest/bench/prefix_cost_bench.py``): encoding, hashing, lookup and recording take a
+few microseconds per 1,000 prompt tokens.
 """
 
 from __future__ import annotations
@@ -77,24 +81,27 @@ class PrefixIndex:
     def depths(self, hashes: Sequence[int]) -> dict[int, int]:
         """Backend bit -> how many leading chunks of ``hashes`` it was sent (absent: none).
 
-        Walks the chain from the start while some backend still holds it; reads only (the
-        pick's :meth:`record` refreshes what is used).
+        Takes what a backend holds of the prompt to be a prefix of it (see the module's
+        docstring) and bisects: the deepest chunk any remaining backend holds, those backends
+        get that depth, and the rest are searched above it. Reads only (the pick's
+        :meth:`record` refreshes what is used).
         """
-        entries = self._entries
-        if not hashes:
-            return {}
-        alive = entries.get(hashes[0], 0)
+        get = self._entries.get
         out: dict[int, int] = {}
-        i = 1
-        n = len(hashes)
-        while alive and i < n:
-            held = entries.get(hashes[i], 0) & alive
-            if held != alive:
-                _assign(out, alive & ~held, i)
-                alive = held
-            i += 1
-        if alive:
-            _assign(out, alive, n)
+        remaining = -1  # every backend
+        top = len(hashes)  # search chunks [0, top)
+        while top and get(hashes[0], 0) & remaining:
+            lo, hi = 0, top - 1  # chunk lo is held by one of ``remaining``; find the last one
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if get(hashes[mid], 0) & remaining:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            held = get(hashes[lo], 0) & remaining
+            _assign(out, held, lo + 1)
+            remaining &= ~held
+            top = lo
         return out
 
     def depth_of(self, depths: Mapping[int, int], backend: BackendState) -> int:
@@ -103,13 +110,14 @@ class PrefixIndex:
         return 0 if bit is None else depths.get(bit, 0)
 
     def record(self, backend: BackendState, hashes: Sequence[int]) -> None:
-        """``backend`` was sent a prompt with these chunks: mark them, most recently used."""
+        """``backend`` was sent a prompt with these chunks: mark them most recently used, the
+        first chunk last (the most recent of all)."""
         bit = self._bits.get(id(backend))
         if bit is None:
             return
         entries = self._entries
         pop = entries.pop
-        for h in hashes:
+        for h in reversed(hashes):
             entries[h] = pop(h, 0) | bit
         excess = len(entries) - self.max_entries
         for _ in range(excess):

@@ -98,12 +98,29 @@ def test_index_forgets_least_recently_used() -> None:
     old = list(range(100, 106))
     new = list(range(200, 206))
     index.record(a, old)
-    index.record(b, new)  # 12 > 10: the two oldest of ``old`` go
-    assert index.depths(old) == {}
+    index.record(b, new)  # 12 > 10: the two oldest of ``old`` go, its tail
+    assert index.depth_of(index.depths(old), a) == 4
     assert index.depth_of(index.depths(new), b) == 6
     index.record(a, new[:3])  # refreshed, and now held by two backends
     depths = index.depths(new)
     assert (index.depth_of(depths, a), index.depth_of(depths, b)) == (3, 6)
+    index.record(a, list(range(300, 304)))  # 4 more: old's remaining 4 go (oldest first)
+    assert index.depths(old) == {}
+
+
+def test_depths_of_several_backends() -> None:
+    """Each backend's depth is the length of the prompt's prefix it was sent."""
+    pool = _pool(n=4)
+    index = pool.prefix_index
+    assert index is not None
+    prompt = list(range(1000, 1040))
+    for backend, depth in zip(pool.backends, (5, 2, 40, 0), strict=True):
+        index.record(backend, prompt[:depth])
+    index.record(pool.backends[3], [7, 8, 9])  # another prompt
+    depths = index.depths(prompt)
+    assert [index.depth_of(depths, b) for b in pool.backends] == [5, 2, 40, 0]
+    assert index.depths(prompt[:1]) == {1: 1, 2: 1, 4: 1}
+    assert index.depths([]) == {} and index.depths([1]) == {}
 
 
 # -- the pick -----------------------------------------------------------------------------------
