@@ -21,6 +21,7 @@ micro-benchmark of one internal module (the rest of ``loadtest/`` talks HTTP).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -90,7 +91,7 @@ def measure(target: int, repeat: int, settings: PrefixRouting, seed: int) -> dic
         hashes = prompt_hashes(payload, settings.block_bytes)
         t1 = clock()
         depths = index.depths(hashes)
-        picked = pick_prefix(backends, lambda b, d=depths: index.depth_of(d, b),
+        picked = pick_prefix(backends, functools.partial(index.depth_of, depths),
                              settings.bounded_load, pool._rng)
         t2 = clock()
         assert picked is not None
