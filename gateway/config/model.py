@@ -28,6 +28,7 @@ __all__ = [
     "Plan",
     "Policy",
     "Pool",
+    "PrefixRouting",
     "Price",
     "Prices",
     "RequestClass",
@@ -168,15 +169,28 @@ class Affinity(_Base, frozen=True):
     bounded_load: Annotated[float, msgspec.Meta(ge=1)] = 1.25
 
 
+class PrefixRouting(_Base, frozen=True):
+    """Send a prompt to the backend that was recently sent its longest prefix, within a load
+    bound (``strategy: prefix``; see :mod:`gateway.routing.prefix`)."""
+
+    #: bytes of the prompt's JSON per hashed chunk (~4 bytes a token: 512 is ~128 tokens)
+    block_bytes: Annotated[int, msgspec.Meta(ge=16, le=65536)] = 512
+    #: chunk hashes the pool's index keeps, least recently used dropped first (~100 B each)
+    max_entries: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 65536
+    #: a backend may take a request for its cached prefix while its load is below this x the
+    #: pool's mean (+1)
+    bounded_load: Annotated[float, msgspec.Meta(ge=1)] = 1.25
+
+
 class Pool(_Base, frozen=True):
     """A set of backends serving one request class."""
 
     name: Name
     backends: Annotated[list[Backend], msgspec.Meta(min_length=1)]
     request_class: Name = msgspec.field(name="class", default="interactive")
-    #: least outstanding requests (power of two choices, weighted, latency-penalised) or plain
-    #: round robin
-    strategy: Literal["least_loaded", "round_robin"] = "least_loaded"
+    #: least outstanding requests (power of two choices, weighted, latency-penalised), plain
+    #: round robin, or prefix-cache aware (the longest recently sent prefix within a load bound)
+    strategy: Literal["least_loaded", "round_robin", "prefix"] = "least_loaded"
     #: a pool tried when every backend of this one failed the request
     fallback: Name | None = None
     #: requests waiting for a free backend, at most
@@ -193,6 +207,22 @@ class Pool(_Base, frozen=True):
     #: inside a class, serve tenants by weighted fair share of tokens (a tenant's ``weight``,
     #: else its plan's); false: one queue for all, by deadline and arrival
     fair: bool = True
+    #: settings of ``strategy: prefix`` (default settings when left out)
+    prefix: PrefixRouting | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefix is not None and self.strategy != "prefix":
+            raise ValueError(
+                f"pool '{self.name}': a prefix block needs strategy: prefix "
+                f"(strategy is {self.strategy})"
+            )
+
+    @property
+    def prefix_routing(self) -> PrefixRouting | None:
+        """The prefix settings in force: None unless ``strategy`` is prefix."""
+        if self.strategy != "prefix":
+            return None
+        return self.prefix or PrefixRouting()
 
 
 class Version(_Base, frozen=True):

@@ -9,6 +9,11 @@ global minimum keeps many gateway processes from piling onto one momentarily idl
 Affinity: rendezvous hashing of a conversation key gives every conversation a stable backend
 order; the first backend in that order whose load is within ``bounded_load`` x the pool mean
 takes it, so prefix caches are reused without letting one backend overload.
+
+Prefix: among the backends within the same load bound, the one that was sent the longest prefix
+of this prompt (``gateway.routing.prefix``) takes it, the lower cost breaking a tie; when none
+holds any of it, least loaded. Only the candidates given are considered: the pool has already
+left out ejected and full backends, whatever their cached prefix.
 """
 
 from __future__ import annotations
@@ -18,11 +23,11 @@ import random
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from gateway.routing.backend import BackendState
 
-__all__ = ["cost", "pick_affine", "pick_least_loaded", "pick_round_robin"]
+__all__ = ["cost", "pick_affine", "pick_least_loaded", "pick_prefix", "pick_round_robin"]
 
 
 def _latency_penalty(b: BackendState, best_ttft: float, best_tpot: float) -> float:
@@ -84,3 +89,27 @@ def pick_affine(
         if (b.in_flight + 1) / b.config.weight <= limit:
             return b
     return None
+
+
+def pick_prefix(
+    candidates: Sequence[BackendState],
+    depth: Callable[[BackendState], int],
+    bounded_load: float,
+    rng: random.Random | None = None,
+) -> BackendState | None:
+    """The candidate within the load bound holding the longest cached prefix (``depth``: its
+    length in chunks); least loaded when none holds any; None when there is no candidate."""
+    if not candidates:
+        return None
+    mean = sum(b.in_flight / b.config.weight for b in candidates) / len(candidates)
+    limit = bounded_load * (mean + 1)
+    best: BackendState | None = None
+    best_depth, best_cost = 0, 0.0
+    for b in candidates:
+        d = depth(b)
+        if d < best_depth or d == 0 or (b.in_flight + 1) / b.config.weight > limit:
+            continue
+        c = cost(b)
+        if d > best_depth or c < best_cost:
+            best, best_depth, best_cost = b, d, c
+    return best if best is not None else pick_least_loaded(candidates, rng)

@@ -24,11 +24,17 @@ from typing import TYPE_CHECKING
 from gateway.routing.backend import BackendState
 from gateway.routing.errors import NoHealthyBackend, PoolCoolingDown, PoolSaturated
 from gateway.routing.fair import FairQueue
-from gateway.routing.pick import pick_affine, pick_least_loaded, pick_round_robin
+from gateway.routing.pick import (
+    pick_affine,
+    pick_least_loaded,
+    pick_prefix,
+    pick_round_robin,
+)
 from gateway.routing.predict import Prediction, Predictor
+from gateway.routing.prefix import PrefixIndex
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Collection, Sequence
 
     from gateway.config import Pool
 
@@ -41,7 +47,7 @@ _TOKENS_ALPHA = 0.1  # weight of the newest prompt in the own-class typical prom
 
 
 class _Waiter:
-    __slots__ = ("affinity", "exclude", "future", "key")
+    __slots__ = ("affinity", "exclude", "future", "key", "prefix")
 
     def __init__(
         self,
@@ -49,8 +55,10 @@ class _Waiter:
         future: asyncio.Future[BackendState],
         exclude: Collection[BackendState],
         affinity: bytes | None,
+        prefix: Sequence[int] | None = None,
     ) -> None:
         self.key, self.future, self.exclude, self.affinity = key, future, exclude, affinity
+        self.prefix = prefix
 
     def __lt__(self, other: _Waiter) -> bool:
         return self.key < other.key
@@ -95,6 +103,13 @@ class PoolState:
         self._lent_until = 0.0  # monotonic time the pool stops counting as lending
         self._throttle_timer: asyncio.TimerHandle | None = None
         self._pressure: dict[int, tuple[float, float]] = {}  # priority -> (seen at, ttft target)
+        #: ``strategy: prefix``: its settings and the index of prefixes sent to each backend
+        self.prefix_routing = config.prefix_routing
+        self.prefix_index = (
+            PrefixIndex(self.backends, self.prefix_routing.max_entries)
+            if self.prefix_routing is not None
+            else None
+        )
 
     # --- figures
     @property
@@ -237,21 +252,42 @@ class PoolState:
         return [b for b in self.backends if b.available(now) and b not in exclude]
 
     def try_pick(
-        self, now: float, exclude: Collection[BackendState] = (), affinity: bytes | None = None
+        self,
+        now: float,
+        exclude: Collection[BackendState] = (),
+        affinity: bytes | None = None,
+        prefix: Sequence[int] | None = None,
     ) -> BackendState | None:
-        """A backend with a free slot now, acquired; None if there is none."""
+        """A backend with a free slot now, acquired; None if there is none.
+
+        ``prefix``: the prompt's chunk hashes (``gateway.routing.prefix``), read by
+        ``strategy: prefix`` and recorded against the backend picked.
+        """
         options = self.candidates(now, exclude)
         backend: BackendState | None = None
+        index = self.prefix_index
         if affinity is not None and self.config.affinity is not None:
             backend = pick_affine(options, affinity, self.config.affinity.bounded_load)
         if backend is None:
             if self.config.strategy == "round_robin":
                 backend = pick_round_robin(options, next(self._rr))
+            elif index is not None and prefix and self.prefix_routing is not None:
+                depths = index.depths(prefix)
+                backend = pick_prefix(
+                    options,
+                    lambda b: index.depth_of(depths, b),
+                    self.prefix_routing.bounded_load,
+                    self._rng,
+                )
             else:
                 backend = pick_least_loaded(options, self._rng)
         if backend is not None:
             backend.on_pick(now)
             backend.acquire()
+            if index is not None and prefix:
+                # at the pick, not the answer's end: the engine caches the prefix as soon as it
+                # has prefilled it, and the next request sharing it may already be on its way
+                index.record(backend, prefix)
         return backend
 
     def untried(self, now: float, exclude: Collection[BackendState]) -> bool:
@@ -267,6 +303,7 @@ class PoolState:
         deadline: float,
         exclude: Collection[BackendState] = (),
         affinity: bytes | None = None,
+        prefix: Sequence[int] | None = None,
         *,
         prompt_tokens: int = 0,
         tenant: str = "",
@@ -285,7 +322,7 @@ class PoolState:
         """
         now = time.monotonic()
         backend = (None if self.queued or not self.admits(priority, now)
-                   else self.try_pick(now, exclude, affinity))
+                   else self.try_pick(now, exclude, affinity, prefix))
         if backend is not None:
             return backend
         if not self.untried(now, exclude):
@@ -309,7 +346,7 @@ class PoolState:
                 f"pool '{self.name}' cannot start this request before its deadline"
                 f" ({ahead} waiting, ~{expected:.1f}s)", self._retry_after(ahead))
         future: asyncio.Future[BackendState] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter((priority, deadline, next(self._seq)), future, exclude, affinity)
+        waiter = _Waiter((priority, deadline, next(self._seq)), future, exclude, affinity, prefix)
         self._queue.push(waiter, level=priority, order=waiter.key, flow=flow, weight=weight,
                          cost=tokens)
         self._queued_tokens += prompt_tokens
@@ -356,7 +393,7 @@ class PoolState:
                 if now < self._lent_until:  # no release may come before lending ends
                     self._redispatch_at(self._lent_until)
                 return
-            backend = self.try_pick(now, waiter.exclude, waiter.affinity)
+            backend = self.try_pick(now, waiter.exclude, waiter.affinity, waiter.prefix)
             if backend is None:
                 return
             queue.pop_first()  # served: charged to its tenant's share

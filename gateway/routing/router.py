@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from gateway.routing.conversation import conversation_key
 from gateway.routing.errors import NoHealthyBackend, RequestShed
 from gateway.routing.pool import PoolState
+from gateway.routing.prefix import prompt_hashes
 from gateway.routing.retry import RetryBudget
 from gateway.routing.rollout import choose_version
 from gateway.routing.shed import retry_after, shed_reason
@@ -64,6 +65,8 @@ class Route:
     tokens: int = 0
     #: the prompt's estimated tokens (admission's count, else from the body's size)
     prompt_tokens: int = 0
+    #: the prompt's chunk hashes when a pool of the model routes by prefix (computed once)
+    prefix: list[int] | None = None
 
 
 class Router:
@@ -99,9 +102,10 @@ class Router:
         session: bytes | None = None,
     ) -> Route:
         """Route one request: its conversation (or key) picks the version a sticky model
-        keeps it on, and the backend an affine pool sends it back to."""
-        affine = self.pools[model.pool].config.affinity is not None or any(
-            self.pools[p].config.affinity is not None for p in model.pools.values())
+        keeps it on, and the backend an affine pool sends it back to; a pool routing by prefix
+        reads the prompt's chunk hashes."""
+        pools = [self.pools[model.pool], *(self.pools[p] for p in model.pools.values())]
+        affine = any(p.config.affinity is not None for p in pools)
         conversation = (conversation_key(payload, session)
                         if affine or model.sticky == "conversation" else None)
         sticky: bytes | None = None
@@ -109,7 +113,11 @@ class Router:
             sticky = (key_id or "").encode()
         elif model.sticky == "conversation":
             sticky = conversation
-        return self.route(model, class_name, sticky, conversation if affine else None)
+        route = self.route(model, class_name, sticky, conversation if affine else None)
+        settings = next((p.prefix_routing for p in pools if p.prefix_routing is not None), None)
+        if settings is not None:
+            route.prefix = prompt_hashes(payload, settings.block_bytes)
+        return route
 
     def route(
         self,
@@ -152,34 +160,34 @@ class Router:
         lender = self._lender(route, pool, prediction, exclude, now)
         if lender is not None:
             lender.note_class(priority, request_class.ttft_target, now)
-            backend = lender.try_pick(now, exclude, route.affinity)
+            backend = lender.try_pick(now, exclude, route.affinity, route.prefix)
             if backend is None:
                 backend = await lender.acquire(
-                    priority, route.deadline, exclude, route.affinity, prompt_tokens=tokens,
-                    tenant=tenant, weight=weight, tokens=cost)
+                    priority, route.deadline, exclude, route.affinity, route.prefix,
+                    prompt_tokens=tokens, tenant=tenant, weight=weight, tokens=cost)
             return lender, self._started(lender, backend, route)
         if not pool.queued and pool.admits(priority, now):
             self._shed(route, pool, prediction, now)
-            backend = pool.try_pick(now, exclude, route.affinity)
+            backend = pool.try_pick(now, exclude, route.affinity, route.prefix)
             if backend is not None:
                 return pool, self._started(pool, backend, route)
         for other in route.spill:
             if other.has_headroom(now, tokens):
-                backend = other.try_pick(now, exclude, route.affinity)
+                backend = other.try_pick(now, exclude, route.affinity, route.prefix)
                 if backend is not None:
                     return other, self._started(other, backend, route)
         if not pool.untried(now, exclude):
             for other in route.spill:
                 if other.untried(now, exclude):
                     backend = await other.acquire(
-                        priority, route.deadline, exclude, prompt_tokens=tokens,
-                        tenant=tenant, weight=weight, tokens=cost)
+                        priority, route.deadline, exclude, None, route.prefix,
+                        prompt_tokens=tokens, tenant=tenant, weight=weight, tokens=cost)
                     return other, self._started(other, backend, route)
             raise NoHealthyBackend(f"pool '{pool.name}' has no healthy backend to try")
         self._shed(route, pool, prediction, now)
         backend = await pool.acquire(priority, route.deadline, exclude, route.affinity,
-                                     prompt_tokens=tokens, tenant=tenant, weight=weight,
-                                     tokens=cost)
+                                     route.prefix, prompt_tokens=tokens, tenant=tenant,
+                                     weight=weight, tokens=cost)
         return pool, self._started(pool, backend, route)
 
     def _lender(self, route: Route, pool: PoolState, prediction: Prediction,

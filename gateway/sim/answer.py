@@ -52,6 +52,11 @@ class Plan:
     cached_tokens: int = 0
     #: prompt tokens written to the prompt cache
     cache_write_tokens: int = 0
+    #: the prompt as token ids, for the engine's prefix cache (None: not looked up)
+    token_ids: list[int] | None = None
+    #: report the engine's prefix-cache hit as ``cached_tokens`` (OpenAI's APIs); the Messages
+    #: API reports only its ``cache_control`` cache, as Anthropic does
+    reports_prefix_cache: bool = True
 
     @property
     def output_tokens(self) -> int:

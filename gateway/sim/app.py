@@ -75,7 +75,11 @@ class SimApp:
     def __init__(self, config: SimConfig, engine: Engine | None = None) -> None:
         self.config = config
         self.engine = engine or Engine(
-            config.profile, speedup=config.speedup, jitter=config.jitter, seed=config.seed
+            config.profile,
+            speedup=config.speedup,
+            jitter=config.jitter,
+            seed=config.seed,
+            prefix_caching=config.prefix_caching,
         )
         self.registry = metrics.make_registry(self.engine, config.models[0])
         self.prompt_cache = PromptCache(config.prompt_cache_entries)

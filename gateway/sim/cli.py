@@ -78,6 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     eng.add_argument("--kv-tokens", type=int, metavar="K", help="KV-cache capacity in tokens")
     eng.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_const",
+        const=False,
+        help="turn off automatic prefix caching (on by default, as in vLLM)",
+    )
+    eng.add_argument(
         "--queue-limit",
         type=int,
         metavar="N",
@@ -132,6 +139,7 @@ _SETTINGS = (
     "step_tokens",
     "kv_tokens",
     "queue_limit",
+    "prefix_caching",
     "error_status",
     "error_rate",
     "extra_latency_ms",

@@ -14,10 +14,10 @@ import msgspec
 
 from gateway.sim.answer import Renderer, decide
 from gateway.sim.errors import BadRequest
-from gateway.sim.prompt import count_prompt, prompt_key
+from gateway.sim.prompt import prompt_ids, prompt_key
 from gateway.sim.shapes import DONE, ChunkFormat, completion_body, new_id, tool_call, usage
 from gateway.sim.tools import ToolSpec, pick_tool
-from gateway.tokenizers import count_text
+from gateway.tokenizers import get_encoding
 
 if TYPE_CHECKING:
     from gateway.sim.answer import Plan
@@ -51,23 +51,25 @@ def _stop(body: dict[str, Any]) -> list[str]:
     raise BadRequest("stop must be a string or a list of strings", param="stop")
 
 
-def _prompt(body: dict[str, Any], chat: bool, encoding: str) -> tuple[int, bytes]:
-    """Prompt token count and the bytes that seed the generated text."""
+def _prompt(body: dict[str, Any], chat: bool, encoding: str) -> tuple[list[int], bytes]:
+    """The prompt's token ids (several prompts: one after the other) and the bytes that seed
+    the generated text."""
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise BadRequest("messages must be a list of message objects", param="messages")
-        return count_prompt(messages, encoding), prompt_key(messages)
+        return prompt_ids(messages, encoding), prompt_key(messages)
     prompt = body.get("prompt")
+    encode = get_encoding(encoding).encode_ordinary
     if isinstance(prompt, str):
-        return count_text(prompt, encoding), prompt.encode()
+        return encode(prompt), prompt.encode()
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return sum(count_text(p, encoding) for p in prompt), _encode(prompt)
+            return [t for p in prompt for t in encode(p)], _encode(prompt)
         if all(isinstance(p, int) for p in prompt):
-            return len(prompt), _encode(prompt)
+            return list(prompt), _encode(prompt)
         if all(isinstance(p, list) for p in prompt):
-            return sum(len(p) for p in prompt), _encode(prompt)
+            return [t for p in prompt for t in p], _encode(prompt)
     raise BadRequest("prompt must be a string, a list of strings or token arrays", param="prompt")
 
 
@@ -128,7 +130,7 @@ def parse_completion(
     body: dict[str, Any], *, chat: bool, model: str, cfg: SimConfig
 ) -> tuple[Plan, CompletionRenderer]:
     """Validate a chat or text completion request and decide its answer."""
-    prompt_tokens, key = _prompt(body, chat, cfg.encoding)
+    token_ids, key = _prompt(body, chat, cfg.encoding)
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise BadRequest("seed must be an integer", param="seed")
@@ -147,7 +149,7 @@ def parse_completion(
     plan = decide(
         api="chat" if chat else "completions",
         model=model,
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=len(token_ids),
         key=key,
         seed=seed,
         limit=_max_tokens(body),
@@ -158,6 +160,7 @@ def parse_completion(
         encoding=cfg.encoding,
         stream=bool(body.get("stream")),
     )
+    plan.token_ids = token_ids
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     return plan, CompletionRenderer(plan, chat=chat, include_usage=include_usage)

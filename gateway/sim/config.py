@@ -34,6 +34,8 @@ class SimConfig:
     embedding_dim: int = 256
     #: Prefixes the Messages API's prompt cache remembers (``cache_control`` breakpoints).
     prompt_cache_entries: int = 256
+    #: Automatic prefix caching in the engine (vLLM's default; ``prefix_cache.py``).
+    prefix_caching: bool = True
     faults: FaultConfig = field(default_factory=FaultConfig)
 
 

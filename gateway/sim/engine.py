@@ -10,6 +10,13 @@ counts into words. Each step is O(running); queued requests cost nothing until a
 
 KV admission reserves blocks for prompt plus ``max_tokens`` so nothing is ever preempted; the usage
 reported to metrics counts only the blocks actually filled, as vLLM's gauge does.
+
+Automatic prefix caching (``prefix_cache.py``, on unless ``prefix_caching=False``): a request
+submitted with its prompt's token ids is matched at admission against the blocks the pool holds;
+the cached prefix starts its prefill at the cached length (cached tokens cost nothing) and needs
+no new blocks. Each prefill chunk caches the blocks it fills. ``_kv_free_blocks`` counts every
+block no running request holds, evictable cached blocks included; an admission that takes free
+space evicts the least recently used of them.
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ import random
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from gateway.sim.prefix_cache import PrefixCache, block_hashes
 from gateway.sim.stats import EngineStats
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from types import TracebackType
 
     from gateway.sim.profiles import Profile
@@ -79,10 +88,13 @@ class SimRequest:
         "finished_at",
         "first_token_at",
         "generated",
+        "hashes",
         "id",
         "kv_blocks",
         "max_tokens",
         "prompt_tokens",
+        "refs",
+        "registered",
         "state",
     )
 
@@ -96,6 +108,7 @@ class SimRequest:
         cached_tokens: int,
         now: float,
         eligible_at: float,
+        hashes: list[int],
     ) -> None:
         self._engine = engine
         self._loop = loop
@@ -113,7 +126,14 @@ class SimRequest:
         self.admitted_at: float | None = None
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
+        #: blocks this request alone holds (reserved, not shared through the prefix cache)
         self.kv_blocks = 0
+        #: chained hashes of the prompt's full blocks (empty: not looked up or cached)
+        self.hashes = hashes
+        #: the cached blocks this request holds a reference on, in prompt order
+        self.refs: list[int] = []
+        #: prompt blocks already matched or offered to the cache
+        self.registered = 0
 
     def __repr__(self) -> str:
         return (
@@ -164,6 +184,7 @@ class Engine:
         speedup: float = 1.0,
         jitter: float = 0.05,
         seed: int | None = None,
+        prefix_caching: bool = True,
     ) -> None:
         if speedup <= 0:
             raise ValueError("speedup must be positive")
@@ -177,6 +198,8 @@ class Engine:
         self._running: dict[int, SimRequest] = {}
         self._kv_total_blocks = profile.kv_tokens // profile.block_tokens
         self._kv_free_blocks = self._kv_total_blocks
+        #: the automatic prefix cache, None when prefix caching is off
+        self.prefix_cache = PrefixCache(profile.block_tokens) if prefix_caching else None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         #: The loop the engine runs in, set by :meth:`start`.
@@ -223,8 +246,21 @@ class Engine:
 
     # -- requests --------------------------------------------------------------------------------
 
-    def submit(self, prompt_tokens: int, max_tokens: int, *, cached_tokens: int = 0) -> SimRequest:
-        """Queue a request; raises :class:`QueueFullError` or :class:`RequestTooLargeError`."""
+    def submit(
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        *,
+        cached_tokens: int = 0,
+        token_ids: Sequence[int] | None = None,
+    ) -> SimRequest:
+        """Queue a request; raises :class:`QueueFullError` or :class:`RequestTooLargeError`.
+
+        ``cached_tokens``: a prefix known to be cached elsewhere (the Messages API's
+        ``cache_control`` cache), skipped in prefill. ``token_ids``: the prompt's tokens, looked
+        up in and added to the prefix cache (``req.cached_tokens`` then includes the hit once the
+        request is admitted).
+        """
         if self._closed:
             raise EngineError("engine is closed")
         if len(self._waiting) >= self.profile.queue_limit:
@@ -240,8 +276,22 @@ class Engine:
         assert loop is not None  # set by start()
         now = loop.time()
         eligible = now + self.profile.request_overhead_ms * self._scale
+        cache = self.prefix_cache
+        hashes = (
+            block_hashes(token_ids, cache.block_tokens)
+            if cache is not None and token_ids
+            else []
+        )
         req = SimRequest(
-            self, loop, next(self._ids), prompt_tokens, max_tokens, cached_tokens, now, eligible
+            self,
+            loop,
+            next(self._ids),
+            prompt_tokens,
+            max_tokens,
+            cached_tokens,
+            now,
+            eligible,
+            hashes,
         )
         self._waiting[req.id] = req
         self._wake.set()
@@ -253,7 +303,7 @@ class Engine:
             del self._waiting[req.id]
         elif req.state is RequestState.RUNNING:
             del self._running[req.id]
-            self._kv_free_blocks += req.kv_blocks
+            self._free(req)
         else:
             return
         req.state = RequestState.CANCELLED
@@ -293,8 +343,22 @@ class Engine:
             "rejected": s.rejected,
             "generated_tokens_total": s.generation_tokens_total,
             "prompt_tokens_total": s.prompt_tokens_total,
+            "prefill_tokens_total": s.prefill_tokens_total,
+            "prefix_cache": self._cache_snapshot(),
             "steps": s.steps,
             "step_lag_ms_mean": 1000 * s.step_lag_total / s.steps if s.steps else 0.0,
+        }
+
+    def _cache_snapshot(self) -> dict[str, int] | None:
+        cache = self.prefix_cache
+        if cache is None:
+            return None
+        return {
+            "queries_tokens": cache.queries,
+            "hits_tokens": cache.hits,
+            "cached_blocks": cache.cached_blocks,
+            "evictable_blocks": cache.evictable,
+            "evictions": cache.evictions,
         }
 
     # -- the step loop ---------------------------------------------------------------------------
@@ -358,21 +422,39 @@ class Engine:
             if req.eligible_at > now:
                 break
             need = self._blocks(req.prompt_tokens + req.max_tokens)
-            if need > self._kv_free_blocks:
+            hit, hit_free = 0, 0
+            if req.hashes:
+                assert self.prefix_cache is not None  # hashes exist only with a cache
+                hit, hit_free = self.prefix_cache.match(req.hashes, req.prompt_tokens)
+            # cached blocks in use are shared; evictable ones leave the free space like new ones
+            if need - hit + hit_free > self._kv_free_blocks:
                 break
             del waiting[req.id]
-            self._admit(req, need, now)
+            self._admit(req, need - hit, hit, hit_free, now)
             k = min(req.prompt_tokens - req.computed, budget)
             prefill_ms += p.chunk_cost_ms(req.computed, k)
             chunks.append((req, k))
             budget -= k
         return p.step_cost_ms(len(decode), ctx, prefill_ms), decode, chunks
 
-    def _admit(self, req: SimRequest, blocks: int, now: float) -> None:
+    def _admit(self, req: SimRequest, blocks: int, hit: int, hit_free: int, now: float) -> None:
+        """Run ``req`` with ``blocks`` new blocks and the first ``hit`` blocks of its prompt
+        from the prefix cache (``hit_free`` of them evictable until now)."""
         req.state = RequestState.RUNNING
         req.admitted_at = now
         req.kv_blocks = blocks
-        self._kv_free_blocks -= blocks
+        self._kv_free_blocks -= blocks + hit_free
+        cache = self.prefix_cache
+        if cache is not None:
+            cache.count_query(req.prompt_tokens, hit)
+            if hit:
+                req.refs = req.hashes[:hit]
+                cache.acquire(req.refs)
+                cached = hit * cache.block_tokens
+                req.cached_tokens = max(req.cached_tokens, cached)
+                req.computed = max(req.computed, cached)
+            req.registered = hit
+            cache.evict_to(self._kv_free_blocks)
         self._running[req.id] = req
         self.stats.queue_time.observe(now - req.eligible_at)
 
@@ -401,6 +483,9 @@ class Engine:
             if req.state is not running:
                 continue
             req.computed += k
+            self.stats.prefill_tokens_total += k
+            if req.hashes:
+                self._cache_filled(req)
             if req.computed < req.prompt_tokens:
                 continue
             # The step that completes the prompt also samples the first token.
@@ -420,7 +505,31 @@ class Engine:
         req.state = RequestState.FINISHED
         req.finished_at = now
         del self._running[req.id]
-        self._kv_free_blocks += req.kv_blocks
+        self._free(req)
         self.stats.completed += 1
         self.stats.e2e.observe(now - req.arrival)
         req._wake()
+
+    def _cache_filled(self, req: SimRequest) -> None:
+        """Offer the prompt blocks ``req`` has filled to the prefix cache; a block it caches
+        becomes shared (held by reference) instead of private."""
+        cache = self.prefix_cache
+        assert cache is not None
+        full = min(req.computed // cache.block_tokens, len(req.hashes))
+        for i in range(req.registered, full):
+            h = req.hashes[i]
+            if cache.register(h):
+                req.refs.append(h)
+                req.kv_blocks -= 1
+        req.registered = max(req.registered, full)
+
+    def _free(self, req: SimRequest) -> None:
+        """Return a leaving request's blocks: its private ones, and the cached ones nobody
+        else holds (which stay cached, now evictable)."""
+        freed = req.kv_blocks
+        if req.refs:
+            assert self.prefix_cache is not None
+            freed += self.prefix_cache.release(req.refs)
+            req.refs = []
+        req.kv_blocks = 0
+        self._kv_free_blocks += freed

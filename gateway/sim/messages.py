@@ -29,7 +29,7 @@ import msgspec
 from gateway.sim.answer import Renderer, decide
 from gateway.sim.cache import PrefixHasher
 from gateway.sim.errors import BadRequest, anthropic_error_body, anthropic_status_type
-from gateway.sim.prompt import count_prompt, prompt_key
+from gateway.sim.prompt import count_prompt, prompt_ids, prompt_key
 from gateway.sim.shapes import named_event, new_id
 from gateway.sim.tools import ToolSpec, pick_tool
 from gateway.tokenizers import REPLY_PRIMING
@@ -279,7 +279,8 @@ def parse_message(
         specs, forced, none=none, after_result=request.after_result, param="tool_choice"
     )
     messages = request.chat()
-    total = count_prompt(messages, cfg.encoding)
+    token_ids = prompt_ids(messages, cfg.encoding)
+    total = len(token_ids)
     plan = decide(
         api="messages",
         model=model,
@@ -295,6 +296,8 @@ def parse_message(
         stream=bool(body.get("stream")),
     )
     plan.cached_tokens, plan.cache_write_tokens = _cache(request, model, total, cfg.encoding, cache)
+    plan.token_ids = token_ids
+    plan.reports_prefix_cache = False
     return plan, MessagesRenderer(plan)
 
 

@@ -77,6 +77,17 @@ class EngineCollector(Collector):
             "vllm:generation_tokens", "Generation tokens processed.", s.generation_tokens_total
         )
         yield self._counter("vllm:request_success", "Requests finished.", s.completed)
+        cache = eng.prefix_cache
+        yield self._counter(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            cache.queries if cache is not None else 0,
+        )
+        yield self._counter(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache.",
+            cache.hits if cache is not None else 0,
+        )
         yield self._histogram(
             "vllm:time_to_first_token_seconds", "Time to first token, seconds.", s.ttft
         )

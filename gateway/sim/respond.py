@@ -43,7 +43,10 @@ class Call:
 def _submit(engine: Engine, plan: Plan) -> SimRequest:
     try:
         return engine.submit(
-            plan.prompt_tokens, plan.output_tokens, cached_tokens=plan.cached_tokens
+            plan.prompt_tokens,
+            plan.output_tokens,
+            cached_tokens=plan.cached_tokens,
+            token_ids=plan.token_ids,
         )
     except QueueFullError as exc:
         raise Overloaded(str(exc)) from exc
@@ -51,6 +54,13 @@ def _submit(engine: Engine, plan: Plan) -> SimRequest:
         raise BadRequest(str(exc), param="max_tokens") from exc
     except EngineError as exc:
         raise Overloaded(str(exc)) from exc
+
+
+def _settle(plan: Plan, req: SimRequest) -> None:
+    """Take the engine's prefix-cache hit (known once it admitted the request) into the usage
+    of the APIs that report it."""
+    if plan.reports_prefix_cache:
+        plan.cached_tokens = max(plan.cached_tokens, req.cached_tokens)
 
 
 def _count(counters: ApiCounters, plan: Plan, generated: int) -> None:
@@ -92,6 +102,7 @@ async def _whole(
         if not call.disconnected:  # the engine shut down under us
             raise Overloaded("engine stopped before the request finished")
         return
+    _settle(plan, req)
     body = renderer.body(req.generated)
     _count(counters, plan, req.generated)
     await send_bytes(send, 200, body)
@@ -144,6 +155,7 @@ async def _stream(
             seen = n
         if req.done:
             break
+    _settle(plan, req)
     tail = renderer.closing(req.generated)
     _count(counters, plan, req.generated)
     await _send(send, tail, more=False)

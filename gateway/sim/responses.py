@@ -24,7 +24,7 @@ import msgspec
 
 from gateway.sim.answer import Renderer, decide
 from gateway.sim.errors import BadRequest
-from gateway.sim.prompt import count_prompt, prompt_key
+from gateway.sim.prompt import prompt_ids, prompt_key
 from gateway.sim.shapes import named_event, new_id
 from gateway.sim.tools import ToolSpec, pick_tool
 
@@ -219,10 +219,11 @@ def parse_response(
     specs, echo = _tools(body.get("tools"))
     forced, none = _choice(body.get("tool_choice"))
     tool = pick_tool(specs, forced, none=none, after_result=after_result, param="tool_choice")
+    token_ids = prompt_ids(messages, cfg.encoding)
     plan = decide(
         api="responses",
         model=model,
-        prompt_tokens=count_prompt(messages, cfg.encoding),
+        prompt_tokens=len(token_ids),
         key=prompt_key(messages),
         seed=None,
         limit=_limit(body),
@@ -232,6 +233,7 @@ def parse_response(
         encoding=cfg.encoding,
         stream=bool(body.get("stream")),
     )
+    plan.token_ids = token_ids
     return plan, ResponsesRenderer(plan, body, instructions, echo)
 
 

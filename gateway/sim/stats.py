@@ -72,6 +72,8 @@ class EngineStats:
     """Totals since start; seconds are wall-clock (i.e. already divided by the speed-up)."""
 
     prompt_tokens_total: int = 0
+    #: prompt tokens actually computed (the prompt minus what the prefix caches skipped)
+    prefill_tokens_total: int = 0
     generation_tokens_total: int = 0
     completed: int = 0
     cancelled: int = 0

@@ -293,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gateway", "sim", "--profile", "interactive", "--port",
                  str(port), "--speedup", str(args.speedup), "--seed", str(args.seed),
-                 "--queue-limit", "100000"], env=env)
+                 "--queue-limit", "100000",
+                 # prompts are one word repeated: with prefix caching every one would be a hit
+                 "--no-prefix-caching"], env=env)
             sims.append(proc)
             urls.append(f"http://127.0.0.1:{port}")
             _wait(urls[-1] + "/health", proc)

@@ -203,7 +203,9 @@ def start_sims(args: argparse.Namespace, env: dict[str, str],
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "sim", "--profile", profile, "--port", str(port),
              "--queue-limit", "100000", "--speedup", str(args.engine_speed),
-             "--seed", str(args.seed)], env=env)
+             "--seed", str(args.seed),
+             # the prompts repeat one word: with prefix caching every one would be a hit
+             "--no-prefix-caching"], env=env)
         procs.append(proc)
         sims[profile] = f"http://127.0.0.1:{port}"
         _wait(sims[profile] + "/health", proc)

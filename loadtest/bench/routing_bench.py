@@ -235,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         for profile, port in ports.items():
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gateway", "sim", "--profile", profile, "--port", str(port),
-                 "--queue-limit", "100000"], env=env)
+                 "--queue-limit", "100000",
+                 # prompts are one word repeated: with prefix caching every one would be a hit
+                 "--no-prefix-caching"], env=env)
             procs.append(proc)
             sims[profile] = f"http://127.0.0.1:{port}"
             _wait(sims[profile] + "/health", proc)
