@@ -79,8 +79,7 @@ def paths(api: str, *, stream: bool, piece: int, counter: PromptCounter
             tokens = count_prompt(counter, "chat", parsed.payload).total
             translator = frontend.stream(model=parsed.model, request_id="req-bench",
                                          prompt_tokens=tokens, request=parsed.native)
-            return _feed(TranslatingScanner(StreamScanner(strip_usage=False), translator), sse,
-                         piece)
+            return _feed(TranslatingScanner(translator), sse, piece)
         plan = Upstream(frontend, False, "/v1/chat/completions", upstream, None, None,
                         parsed.model, "req-bench", "openai", parsed.native)
         return plan.answer(200, answer)
