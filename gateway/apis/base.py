@@ -56,7 +56,7 @@ class StreamTranslator(abc.ABC):
     with the first bytes whatever they hold (Anthropic's ``message_start``).
     """
 
-    __slots__ = ("_chunks", "scanner")
+    __slots__ = ("_chunks", "_opened", "_scan", "scanner")
 
     def __init__(self) -> None:
         #: the usage scanner of the backend's chat stream, which decodes its events
@@ -64,6 +64,8 @@ class StreamTranslator(abc.ABC):
         chunks = self.scanner.chunks
         assert chunks is not None
         self._chunks = chunks
+        self._scan = self.scanner.feed
+        self._opened = False
 
     @property
     def malformed(self) -> int:
@@ -73,11 +75,20 @@ class StreamTranslator(abc.ABC):
     def feed(self, chunk: bytes) -> bytes:
         """The client bytes for this chunk of the backend's chat SSE (events may be split
         across chunks: a partial event is kept until its end arrives)."""
-        self.scanner.feed(chunk)
+        self._scan(chunk)
         out: list[bytes] = []
-        self._opening(out)
-        if self._chunks:
-            self._read(out)
+        if not self._opened:
+            self._opened = True
+            self._opening(out)
+        chunks = self._chunks
+        if chunks:  # the loop of ``_read``, inlined: this runs once per chunk of the stream
+            translate = self._chunk
+            for decoded in chunks:
+                if decoded is None:
+                    self._done(out)
+                else:
+                    translate(decoded, out)
+            chunks.clear()
         return b"".join(out)
 
     def finish(self) -> bytes:
@@ -85,7 +96,9 @@ class StreamTranslator(abc.ABC):
         not): e.g. ``response.completed`` / ``message_stop`` with the usage."""
         self.scanner.flush()  # a last event without its blank line
         out: list[bytes] = []
-        self._opening(out)
+        if not self._opened:
+            self._opened = True
+            self._opening(out)
         if self._chunks:
             self._read(out)
         self._end(out)
@@ -107,8 +120,8 @@ class StreamTranslator(abc.ABC):
 
     @abc.abstractmethod
     def _opening(self, out: list[bytes]) -> None:
-        """What goes out with the stream's first bytes, whatever they hold (called on every
-        feed and at the end)."""
+        """What goes out with the stream's first bytes, whatever they hold (called once, by
+        the first ``feed`` or by ``finish``)."""
 
     @abc.abstractmethod
     def _chunk(self, chunk: ChatChunk, out: list[bytes]) -> None:

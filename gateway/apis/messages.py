@@ -67,7 +67,7 @@ from gateway.errors import InvalidRequest, NoBackendAvailable, ServerShuttingDow
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from gateway.accounting.sse import ChatChunk, ChunkChoice, ChunkToolCall
+    from gateway.accounting.sse import ChatChunk, ChunkToolCall
     from gateway.errors import GatewayError
 
 __all__ = [
@@ -629,7 +629,8 @@ class MessagesStream(StreamTranslator):
         self._ended = False
         self._next = 0  # the index of the next content block
         self._open: int | None = None  # the block started and not stopped
-        self._text: int | None = None  # the open block, if it is text
+        #: the open block's text delta event up to the text, if the open block is text
+        self._text: bytes | None = None
         self._tools: dict[int, int] = {}  # chat tool call index -> content block index
         self._finish: str | None = None
         self._matched: str | int | None = None
@@ -680,14 +681,29 @@ class MessagesStream(StreamTranslator):
     def _chunk(self, chunk: ChatChunk, out: list[bytes]) -> None:
         if self._ended:
             return
-        if chunk.error is not None and not chunk.choices:
+        choices = chunk.choices
+        if chunk.error is not None and not choices:
             # a backend that fails mid-stream: its message may name internals, so not relayed
             self._ended = True
             out.append(_error_event("api_error", "The backend failed during the stream."))
             return
-        for choice in chunk.choices or ():
-            if choice.index == 0:
-                self._choice(choice, out)
+        for choice in choices or ():
+            if choice.index != 0:
+                continue
+            delta = choice.delta
+            if delta is not None:
+                if delta.content:
+                    self._text_delta(delta.content, out)
+                if delta.refusal:
+                    self._refusal = True
+                    self._text_delta(delta.refusal, out)
+                if delta.tool_calls:
+                    for call in delta.tool_calls:
+                        self._tool_delta(call, out)
+            if choice.finish_reason is not None and self._finish is None:
+                self._finish = choice.finish_reason
+                self._matched = choice.stop_reason
+                self._stop_open(out)
         if chunk.usage is not None:
             usage = _chat_usage(chunk.usage)
             if usage is not None:
@@ -695,29 +711,13 @@ class MessagesStream(StreamTranslator):
         if self._finish is not None and self._usage is not None:
             self._end(out)
 
-    def _choice(self, choice: ChunkChoice, out: list[bytes]) -> None:
-        delta = choice.delta
-        if delta is not None:
-            if delta.content:
-                self._text_delta(delta.content, out)
-            if delta.refusal:
-                self._refusal = True
-                self._text_delta(delta.refusal, out)
-            if delta.tool_calls:
-                for call in delta.tool_calls:
-                    self._tool_delta(call, out)
-        if choice.finish_reason is not None and self._finish is None:
-            self._finish = choice.finish_reason
-            self._matched = choice.stop_reason
-            self._stop_open(out)
-
     def _text_delta(self, text: str, out: list[bytes]) -> None:
-        index = self._text
-        if index is None:
+        head = self._text
+        if head is None:
             index = self._start({"type": "text", "text": ""}, out)
-            self._text = index
+            head = self._text = _DELTA_HEAD + str(index).encode() + _TEXT_MID
         self._output_chunks += 1
-        out.append(_DELTA_HEAD + str(index).encode() + _TEXT_MID + _encode(text) + _DELTA_TAIL)
+        out.append(head + _encode(text) + _DELTA_TAIL)
 
     def _tool_delta(self, call: ChunkToolCall, out: list[bytes]) -> None:
         function = call.function

@@ -166,8 +166,16 @@ class ResponsesStream(StreamTranslator):
                 reasoning = delta.reasoning_content or delta.reasoning
                 if reasoning:
                     self._text("reasoning", "reasoning_text", reasoning, out)
-                if delta.content:
-                    self._text("message", "output_text", delta.content, out)
+                content = delta.content
+                if content:
+                    item = self._open
+                    if item is not None and item.part == "output_text":
+                        # the common chunk, text of the text part already open: ``_text``'s
+                        # last step, inlined
+                        item.texts.append(content)
+                        out.append(self._delta(item.prefix, content))
+                    else:
+                        self._text("message", "output_text", content, out)
                 if delta.refusal:
                     self._text("message", "refusal", delta.refusal, out)
                 for call in delta.tool_calls or ():
