@@ -91,20 +91,20 @@ _CRLF = b"\r\n\r\n"
 _DONE = b"[DONE]"
 
 
-class ChunkFunction(msgspec.Struct):
+class ChunkFunction(msgspec.Struct, gc=False):
     name: str | None = None
     #: a string from every known backend; another JSON value is kept as decoded (the
     #: translators encode it, the delivered text counts its JSON)
     arguments: Any = None
 
 
-class ChunkToolCall(msgspec.Struct):
+class ChunkToolCall(msgspec.Struct, gc=False):
     index: int | None = None
     id: str | None = None
     function: ChunkFunction | None = None
 
 
-class ChunkDelta(msgspec.Struct):
+class ChunkDelta(msgspec.Struct, gc=False):
     content: str | None = None
     refusal: str | None = None
     reasoning_content: str | None = None
@@ -113,7 +113,7 @@ class ChunkDelta(msgspec.Struct):
     tool_calls: list[ChunkToolCall] | None = None
 
 
-class ChunkChoice(msgspec.Struct):
+class ChunkChoice(msgspec.Struct, gc=False):
     index: int = 0
     delta: ChunkDelta | None = None
     #: a completions stream's text
@@ -123,11 +123,15 @@ class ChunkChoice(msgspec.Struct):
     stop_reason: str | int | None = None
 
 
-class ChatChunk(msgspec.Struct):
+class ChatChunk(msgspec.Struct, gc=False):
     """One event of a chat (or completions) stream, as far as the gateway reads it: the usage
     scanner (usage, delivered text) and the stream translators (``gateway.apis``), which get
     this very object instead of decoding the event again. Fields nobody reads are skipped by
-    the decoder without building objects."""
+    the decoder without building objects.
+
+    The chunk Structs are not tracked by the cyclic garbage collector (``gc=False``: ~8% of a
+    decode's instructions): a decoded JSON value cannot refer back to what holds it, so they
+    are never part of a cycle."""
 
     #: an int from OpenAI; a float from some servers, which is no reason to skip the chunk
     created: int | float | None = None
