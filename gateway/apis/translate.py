@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gateway.accounting.usage import BackendUsage
     from gateway.apis.base import StreamTranslator
     from gateway.errors import GatewayError
@@ -22,11 +24,14 @@ __all__ = ["TranslatingScanner"]
 class TranslatingScanner:
     """Chat SSE in (scanned for usage), the client API's SSE out."""
 
-    __slots__ = ("_scanner", "_translator")
+    __slots__ = ("_scanner", "_translator", "feed")
 
     def __init__(self, translator: StreamTranslator) -> None:
         self._scanner = translator.scanner
         self._translator = translator
+        #: the translator's own ``feed``: the relay calls it once per read, so no call of ours
+        #: sits in between
+        self.feed: Callable[[bytes], bytes] = translator.feed
 
     @property
     def usage(self) -> BackendUsage | None:
@@ -35,9 +40,6 @@ class TranslatingScanner:
     @property
     def done(self) -> bool:
         return self._scanner.done
-
-    def feed(self, chunk: bytes) -> bytes:
-        return self._translator.feed(chunk)
 
     def flush(self) -> bytes:
         return self._translator.finish()
