@@ -51,6 +51,7 @@ from gateway.apis.responses.answer import (
     message_item,
     reasoning_item,
     response_object,
+    response_update,
     responses_usage,
     text_part,
 )
@@ -115,6 +116,8 @@ class ResponsesStream(StreamTranslator):
         self._started = False
         self._closed = False
         self._created_at = 0
+        #: the ``response.created`` snapshot (the request's settings echoed), made at the start
+        self._snapshot: dict[str, Any] = {}
         self._count = 0  # output items opened
         self._open: _Open | None = None
         self._output: list[dict[str, Any]] = []  # closed items, in output order
@@ -171,9 +174,12 @@ class ResponsesStream(StreamTranslator):
                     item = self._open
                     if item is not None and item.part == "output_text":
                         # the common chunk, text of the text part already open: ``_text``'s
-                        # last step, inlined
+                        # last step and ``_delta``, inlined
                         item.texts.append(content)
-                        out.append(self._delta(item.prefix, content))
+                        seq = self._seq
+                        self._seq = seq + 1
+                        out.append(b"%s%s,\"sequence_number\":%d}\n\n"
+                                   % (item.prefix, _encode(content), seq))
                     else:
                         self._text("message", "output_text", content, out)
                 if delta.refusal:
@@ -199,18 +205,18 @@ class ResponsesStream(StreamTranslator):
         self._seq += 1
         return b"%s%s,\"sequence_number\":%d}\n\n" % (prefix, _encode(text), seq)
 
-    def _snapshot(self, status: str, output: list[dict[str, Any]],
-                  usage: dict[str, Any] | None, incomplete: str | None) -> dict[str, Any]:
-        return response_object(request_id=self._rid, model=self._model,
-                               created_at=self._created_at, status=status, output=output,
-                               usage=usage, request=self._request, incomplete=incomplete)
-
     def _start(self, created: float | None, out: list[bytes]) -> None:
         self._started = True
         self._created_at = int(created) if created is not None else int(time.time())
-        snapshot = self._snapshot("in_progress", [], None, None)
-        out.append(self._emit("response.created", {"response": snapshot}))
-        out.append(self._emit("response.in_progress", {"response": snapshot}))
+        self._snapshot = response_object(
+            request_id=self._rid, model=self._model, created_at=self._created_at,
+            status="in_progress", output=[], usage=None, request=self._request)
+        body = _encode(self._snapshot)  # once for both events, which carry the same snapshot
+        for type_ in ("response.created", "response.in_progress"):
+            seq = self._seq
+            self._seq += 1
+            out.append(b"event: %s\ndata: {\"type\":\"%s\",\"response\":%s,"
+                       b"\"sequence_number\":%d}\n\n" % (type_.encode(), type_.encode(), body, seq))
 
     def _complete(self, out: list[bytes]) -> None:
         """The last event: the whole response."""
@@ -218,8 +224,9 @@ class ResponsesStream(StreamTranslator):
             self._start(None, out)
         self._end_output(out)
         incomplete = INCOMPLETE.get(self._finish or "")
-        response = self._snapshot("completed" if incomplete is None else "incomplete",
-                                  self._output, responses_usage(self.usage), incomplete)
+        response = response_update(
+            self._snapshot, status="completed" if incomplete is None else "incomplete",
+            output=self._output, usage=responses_usage(self.usage), incomplete=incomplete)
         kind = "response.completed" if incomplete is None else "response.incomplete"
         self.final = response
         out.append(self._emit(kind, {"response": response}))
