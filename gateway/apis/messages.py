@@ -692,8 +692,14 @@ class MessagesStream(StreamTranslator):
                 continue
             delta = choice.delta
             if delta is not None:
-                if delta.content:
-                    self._text_delta(delta.content, out)
+                content = delta.content
+                if content:
+                    head = self._text
+                    if head is not None:  # the common chunk: ``_text_delta``, inlined
+                        self._output_chunks += 1
+                        out.append(head + _encode(content) + _DELTA_TAIL)
+                    else:
+                        self._text_delta(content, out)
                 if delta.refusal:
                     self._refusal = True
                     self._text_delta(delta.refusal, out)
