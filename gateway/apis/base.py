@@ -58,9 +58,15 @@ class StreamTranslator(abc.ABC):
 
     __slots__ = ("_chunks", "_opened", "_scan", "scanner")
 
+    #: the longest chat event translated: one event is the whole answer for backends that do
+    #: not really stream (or a tool call's arguments in one piece), so far more than the usage
+    #: scanner's default bound for a relayed chat stream, whose events pass through unread
+    max_event_bytes = 16 << 20
+
     def __init__(self) -> None:
         #: the usage scanner of the backend's chat stream, which decodes its events
-        self.scanner = StreamScanner(strip_usage=False, keep_chunks=True)
+        self.scanner = StreamScanner(strip_usage=False, keep_chunks=True,
+                                     max_event_bytes=self.max_event_bytes)
         chunks = self.scanner.chunks
         assert chunks is not None
         self._chunks = chunks

@@ -58,3 +58,22 @@ def test_each_chat_event_is_decoded_once(api: str, piece: int) -> None:
     assert scanner.done and scanner.usage is not None and scanner.usage.completion_tokens == 12
     assert scanner.delivered_text() == 'Let me look.get_weather{"city": "Paris"}'
     assert b"Par" in out and b"look." in out
+
+
+@pytest.mark.parametrize("api", sorted(FRONTENDS))
+def test_an_event_past_the_relay_bound_is_still_translated(api: str) -> None:
+    """A backend that sends the whole answer as one event (3 MiB here, past the 1 MiB a
+    relayed chat stream's scanner reads) still has it translated, and metered, in 64 KiB reads."""
+    text = "word " * (600 << 10)
+    answer = {"choices": [{"index": 0, "finish_reason": "stop",
+                           "message": {"role": "assistant", "content": text}}],
+              "usage": {"prompt_tokens": 3, "completion_tokens": 614400, "total_tokens": 614403}}
+    sse = chat_stream(answer)
+    translator = FRONTENDS[api].stream(model="m", request_id="req-1", prompt_tokens=3,
+                                       request={"model": "m", "input": "x"})
+    scanner = TranslatingScanner(translator)
+    out = b"".join(scanner.feed(sse[i:i + 65536]) for i in range(0, len(sse), 65536))
+    out += scanner.flush()
+    assert scanner.delivered_text() == text
+    assert scanner.usage is not None and scanner.usage.completion_tokens == 614400
+    assert out.count(text.encode()) >= 1
