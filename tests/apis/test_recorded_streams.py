@@ -8,7 +8,8 @@ decoding each chunk again. Replaying them checks that sharing the decode changed
 byte and no split point; and the same input fed in one read, or one byte at a time, must give
 the same bytes in total (a translator never depends on where the backend's reads fall).
 
-Regenerate only on a deliberate change of the translated events, and say so in the commit.
+Regenerate (``record_streams.py`` says how) only on a deliberate change of the translated
+events, and say so in the commit.
 """
 
 from __future__ import annotations
