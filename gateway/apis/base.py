@@ -3,8 +3,11 @@
 A ``Frontend`` is stateless and shared; a ``StreamTranslator`` is made per streamed request and
 fed the chat completions SSE bytes the backend sends (chunks may split events anywhere), and
 returns the bytes of the client's API to send now (possibly empty: never holds back an event it
-can already write). The pipeline composes it after the usage scanner, so the scanner still sees
-the chat stream and counts its usage.
+can already write). It reads the stream through its own usage scanner (``scanner``, the one a
+chat stream gets): the scanner splits the events, decodes each once into a ``ChatChunk`` for the
+usage and the delivered text, and keeps it; the translator turns those chunks into the client's
+events and never decodes an event itself. The pipeline meters the stream from that scanner
+(``apis.translate.TranslatingScanner``).
 
 Every method is pure (no I/O) so translations are tested table-driven from recorded examples,
 and property-tested round trips (chat -> API -> chat keeps every message, tool call and usage
@@ -17,9 +20,12 @@ import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gateway.accounting import StreamScanner
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from gateway.accounting.sse import ChatChunk
     from gateway.accounting.usage import BackendUsage
     from gateway.errors import GatewayError
 
@@ -43,21 +49,97 @@ class Translated:
 
 
 class StreamTranslator(abc.ABC):
-    """One streamed answer, chat completions SSE in, the client API's events out."""
+    """One streamed answer, chat completions SSE in, the client API's events out.
 
-    @abc.abstractmethod
+    A subclass writes the client's events for each decoded chunk (``_chunk``), for ``[DONE]``
+    (``_done``) and for the end of the stream (``_end``), and ``_opening`` writes what goes out
+    with the first bytes whatever they hold (Anthropic's ``message_start``).
+    """
+
+    __slots__ = ("_chunks", "_opened", "_scan", "scanner")
+
+    #: the longest chat event translated: one event is the whole answer for backends that do
+    #: not really stream (or a tool call's arguments in one piece), so far more than the usage
+    #: scanner's default bound for a relayed chat stream, whose events pass through unread
+    max_event_bytes = 16 << 20
+
+    def __init__(self) -> None:
+        #: the usage scanner of the backend's chat stream, which decodes its events
+        self.scanner = StreamScanner(strip_usage=False, keep_chunks=True,
+                                     max_event_bytes=self.max_event_bytes)
+        chunks = self.scanner.chunks
+        assert chunks is not None
+        self._chunks = chunks
+        self._scan = self.scanner.feed
+        self._opened = False
+
+    @property
+    def malformed(self) -> int:
+        """Chat events that were not JSON of a chat chunk (skipped)."""
+        return self.scanner.undecodable
+
     def feed(self, chunk: bytes) -> bytes:
         """The client bytes for this chunk of the backend's chat SSE (events may be split
         across chunks: a partial event is kept until its end arrives)."""
+        self._scan(chunk)
+        out: list[bytes] = []
+        if not self._opened:
+            self._opened = True
+            self._opening(out)
+        chunks = self._chunks
+        if chunks:  # the loop of ``_read``, inlined: this runs once per chunk of the stream
+            translate = self._chunk
+            for decoded in chunks:
+                if decoded is None:
+                    self._done(out)
+                else:
+                    translate(decoded, out)
+            chunks.clear()
+        return b"".join(out)
 
-    @abc.abstractmethod
     def finish(self) -> bytes:
         """The closing events after the backend's stream ended cleanly (``[DONE]`` seen or
         not): e.g. ``response.completed`` / ``message_stop`` with the usage."""
+        self.scanner.flush()  # a last event without its blank line
+        out: list[bytes] = []
+        if not self._opened:
+            self._opened = True
+            self._opening(out)
+        if self._chunks:
+            self._read(out)
+        self._end(out)
+        return b"".join(out)
 
     @abc.abstractmethod
     def fail(self, error: GatewayError) -> bytes:
         """The events that end a stream broken after its first byte (an ``error`` event)."""
+
+    def _read(self, out: list[bytes]) -> None:
+        """Translate the chunks the scanner decoded since the last call, in stream order."""
+        chunks = self._chunks
+        for chunk in chunks:
+            if chunk is None:
+                self._done(out)
+            else:
+                self._chunk(chunk, out)
+        chunks.clear()
+
+    @abc.abstractmethod
+    def _opening(self, out: list[bytes]) -> None:
+        """What goes out with the stream's first bytes, whatever they hold (called once, by
+        the first ``feed`` or by ``finish``)."""
+
+    @abc.abstractmethod
+    def _chunk(self, chunk: ChatChunk, out: list[bytes]) -> None:
+        """The events of one decoded chat chunk."""
+
+    @abc.abstractmethod
+    def _done(self, out: list[bytes]) -> None:
+        """``data: [DONE]``."""
+
+    @abc.abstractmethod
+    def _end(self, out: list[bytes]) -> None:
+        """The backend's stream ended (after ``[DONE]`` or without it)."""
 
 
 class Frontend(abc.ABC):

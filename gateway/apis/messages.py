@@ -67,6 +67,7 @@ from gateway.errors import InvalidRequest, NoBackendAvailable, ServerShuttingDow
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from gateway.accounting.sse import ChatChunk, ChunkToolCall
     from gateway.errors import GatewayError
 
 __all__ = [
@@ -575,40 +576,6 @@ def _answer(chat: Mapping[str, Any], model: str, request_id: str) -> dict[str, A
 # --- stream: chat SSE -> Anthropic SSE --------------------------------------------------------
 
 
-class _Function(msgspec.Struct):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class _ToolCall(msgspec.Struct):
-    index: int = 0
-    id: str | None = None
-    function: _Function | None = None
-
-
-class _Delta(msgspec.Struct):
-    content: str | None = None
-    refusal: str | None = None
-    tool_calls: list[_ToolCall] | None = None
-
-
-class _Choice(msgspec.Struct):
-    index: int = 0
-    delta: _Delta | None = None
-    finish_reason: str | None = None
-    #: vLLM: the stop string matched (or the token id that stopped generation)
-    stop_reason: str | int | None = None
-
-
-class _Chunk(msgspec.Struct):
-    choices: list[_Choice] | None = None
-    usage: Any = None  # read by usage_from_mapping: a malformed one is ignored, not fatal
-    error: Any = None
-
-
-_decode_chunk = msgspec.json.Decoder(_Chunk).decode
-
-
 def _event(name: bytes, data: Any) -> bytes:
     return b"event: " + name + b"\ndata: " + _encode(data) + b"\n\n"
 
@@ -637,7 +604,6 @@ class MessagesStream(StreamTranslator):
     """
 
     __slots__ = (
-        "_data",
         "_ended",
         "_finish",
         "_matched",
@@ -649,59 +615,30 @@ class MessagesStream(StreamTranslator):
         "_refusal",
         "_request_id",
         "_started",
-        "_tail",
         "_text",
         "_tools",
         "_usage",
-        "malformed",
     )
 
     def __init__(self, *, model: str, request_id: str, prompt_tokens: int) -> None:
+        super().__init__()
         self._model = model
         self._request_id = request_id
         self._prompt_tokens = prompt_tokens
         self._started = False
         self._ended = False
-        self._tail = b""  # a partial line
-        self._data: list[bytes] = []  # data lines of the event being read
         self._next = 0  # the index of the next content block
         self._open: int | None = None  # the block started and not stopped
-        self._text: int | None = None  # the open block, if it is text
+        #: the open block's text delta event up to the text, if the open block is text
+        self._text: bytes | None = None
         self._tools: dict[int, int] = {}  # chat tool call index -> content block index
         self._finish: str | None = None
         self._matched: str | int | None = None
         self._refusal = False
         self._usage: BackendUsage | None = None
         self._output_chunks = 0
-        #: events that were not JSON (skipped)
-        self.malformed = 0
 
     # the StreamTranslator interface
-
-    def feed(self, chunk: bytes) -> bytes:
-        out: list[bytes] = []
-        if not self._started:
-            out.append(self._head())
-        data = self._tail + chunk if self._tail else chunk
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            self._tail = data
-        else:
-            self._tail = data[cut + 1:]
-            for line in data[:cut].split(b"\n"):
-                self._line(line, out)
-        return b"".join(out)
-
-    def finish(self) -> bytes:
-        out: list[bytes] = []
-        if not self._started:
-            out.append(self._head())
-        if self._tail:
-            tail, self._tail = self._tail, b""
-            self._line(tail, out)
-        self._line(b"", out)  # an event that had no blank line after it
-        self._end(out)
-        return b"".join(out)
 
     def fail(self, error: GatewayError) -> bytes:
         if self._ended:
@@ -734,39 +671,45 @@ class MessagesStream(StreamTranslator):
         }
         return _event(b"message_start", start) + _PING
 
-    def _line(self, line: bytes, out: list[bytes]) -> None:
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        if not line:
-            if self._data:
-                data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
-                self._data = []
-                self._payload(data, out)
-            return
-        if line.startswith(b"data:"):
-            value = line[5:]
-            self._data.append(value[1:] if value.startswith(b" ") else value)
-        # other fields (event:, id:, retry:) and comments carry nothing of a chat stream
+    def _opening(self, out: list[bytes]) -> None:
+        if not self._started:
+            out.append(self._head())
 
-    def _payload(self, data: bytes, out: list[bytes]) -> None:
+    def _done(self, out: list[bytes]) -> None:
+        self._end(out)
+
+    def _chunk(self, chunk: ChatChunk, out: list[bytes]) -> None:
         if self._ended:
             return
-        if data == b"[DONE]":
-            self._end(out)
-            return
-        try:
-            chunk = _decode_chunk(data)
-        except msgspec.DecodeError:
-            self.malformed += 1
-            return
-        if chunk.error is not None and not chunk.choices:
+        choices = chunk.choices
+        if chunk.error is not None and not choices:
             # a backend that fails mid-stream: its message may name internals, so not relayed
             self._ended = True
             out.append(_error_event("api_error", "The backend failed during the stream."))
             return
-        for choice in chunk.choices or ():
-            if choice.index == 0:
-                self._choice(choice, out)
+        for choice in choices or ():
+            if choice.index != 0:
+                continue
+            delta = choice.delta
+            if delta is not None:
+                content = delta.content
+                if content:
+                    head = self._text
+                    if head is not None:  # the common chunk: ``_text_delta``, inlined
+                        self._output_chunks += 1
+                        out.append(head + _encode(content) + _DELTA_TAIL)
+                    else:
+                        self._text_delta(content, out)
+                if delta.refusal:
+                    self._refusal = True
+                    self._text_delta(delta.refusal, out)
+                if delta.tool_calls:
+                    for call in delta.tool_calls:
+                        self._tool_delta(call, out)
+            if choice.finish_reason is not None and self._finish is None:
+                self._finish = choice.finish_reason
+                self._matched = choice.stop_reason
+                self._stop_open(out)
         if chunk.usage is not None:
             usage = _chat_usage(chunk.usage)
             if usage is not None:
@@ -774,42 +717,29 @@ class MessagesStream(StreamTranslator):
         if self._finish is not None and self._usage is not None:
             self._end(out)
 
-    def _choice(self, choice: _Choice, out: list[bytes]) -> None:
-        delta = choice.delta
-        if delta is not None:
-            if delta.content:
-                self._text_delta(delta.content, out)
-            if delta.refusal:
-                self._refusal = True
-                self._text_delta(delta.refusal, out)
-            if delta.tool_calls:
-                for call in delta.tool_calls:
-                    self._tool_delta(call, out)
-        if choice.finish_reason is not None and self._finish is None:
-            self._finish = choice.finish_reason
-            self._matched = choice.stop_reason
-            self._stop_open(out)
-
     def _text_delta(self, text: str, out: list[bytes]) -> None:
-        index = self._text
-        if index is None:
+        head = self._text
+        if head is None:
             index = self._start({"type": "text", "text": ""}, out)
-            self._text = index
+            head = self._text = _DELTA_HEAD + str(index).encode() + _TEXT_MID
         self._output_chunks += 1
-        out.append(_DELTA_HEAD + str(index).encode() + _TEXT_MID + _encode(text) + _DELTA_TAIL)
+        out.append(head + _encode(text) + _DELTA_TAIL)
 
-    def _tool_delta(self, call: _ToolCall, out: list[bytes]) -> None:
+    def _tool_delta(self, call: ChunkToolCall, out: list[bytes]) -> None:
         function = call.function
         arguments = function.arguments if function is not None else None
-        index = self._tools.get(call.index)
+        if arguments is not None and not isinstance(arguments, str):
+            arguments = _encode(arguments).decode()  # a backend that sent a JSON value
+        key = call.index if call.index is not None else 0
+        index = self._tools.get(key)
         if index is None:
             block = {
                 "type": "tool_use",
-                "id": call.id or _tool_id(self._request_id, call.index),
+                "id": call.id or _tool_id(self._request_id, key),
                 "name": (function.name if function is not None else None) or "",
                 "input": {},
             }
-            index = self._tools[call.index] = self._start(block, out)
+            index = self._tools[key] = self._start(block, out)
         # A fragment of a call whose block was already stopped (a backend interleaving its
         # calls) still goes to that block's index: holding it back would buffer the stream.
         if arguments:

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
-from gateway.accounting import StreamScanner
 from gateway.apis.native import NativeStreamScanner
 from gateway.apis.translate import TranslatingScanner
 from gateway.errors import (
@@ -141,7 +140,7 @@ def plan_upstream(
     if parsed.stream:
         translator = frontend.stream(model=parsed.model, request_id=request_id,
                                      prompt_tokens=prompt_tokens(), request=parsed.native)
-        scanner = TranslatingScanner(StreamScanner(strip_usage=False), translator)
+        scanner = TranslatingScanner(translator)
     return Upstream(frontend, False, CHAT_PATH, _encode(chat), scanner, None, parsed.model,
                     request_id, "openai", parsed.native,
                     translator if parsed.stream else None)

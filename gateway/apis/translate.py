@@ -1,9 +1,10 @@
 """A translated stream: the backend's chat SSE read for usage, then turned into the client's API.
 
-The chat scanner (``accounting.sse.StreamScanner``) reads the backend's stream as it does for a
-chat client (usage, delivered text, ``[DONE]``) and passes every byte on; the front-end's
-``StreamTranslator`` turns those bytes into the client's events. The pair has the scanner's
-surface (``accounting.sse.Scanner``), so the relay and the meter use it like any other.
+The front-end's ``StreamTranslator`` reads the backend's stream through its chat scanner
+(``accounting.sse.StreamScanner``), which decodes each event once, as it does for a chat client
+(usage, delivered text, ``[DONE]``), and hands the decoded chunks to the translator. This pair
+has the scanner's surface (``accounting.sse.Scanner``), so the relay and the meter use it like
+any other: the client's bytes come from the translator, the usage and text from its scanner.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.accounting import StreamScanner
+    from collections.abc import Callable
+
     from gateway.accounting.usage import BackendUsage
     from gateway.apis.base import StreamTranslator
     from gateway.errors import GatewayError
@@ -22,11 +24,14 @@ __all__ = ["TranslatingScanner"]
 class TranslatingScanner:
     """Chat SSE in (scanned for usage), the client API's SSE out."""
 
-    __slots__ = ("_scanner", "_translator")
+    __slots__ = ("_scanner", "_translator", "feed")
 
-    def __init__(self, scanner: StreamScanner, translator: StreamTranslator) -> None:
-        self._scanner = scanner
+    def __init__(self, translator: StreamTranslator) -> None:
+        self._scanner = translator.scanner
         self._translator = translator
+        #: the translator's own ``feed``: the relay calls it once per read, so no call of ours
+        #: sits in between
+        self.feed: Callable[[bytes], bytes] = translator.feed
 
     @property
     def usage(self) -> BackendUsage | None:
@@ -36,12 +41,8 @@ class TranslatingScanner:
     def done(self) -> bool:
         return self._scanner.done
 
-    def feed(self, chunk: bytes) -> bytes:
-        return self._translator.feed(self._scanner.feed(chunk))
-
     def flush(self) -> bytes:
-        tail = self._scanner.flush()
-        return (self._translator.feed(tail) if tail else b"") + self._translator.finish()
+        return self._translator.finish()
 
     def delivered_text(self) -> str:
         return self._scanner.delivered_text()

@@ -45,6 +45,7 @@ __all__ = [
     "reasoning_item",
     "response_id",
     "response_object",
+    "response_update",
     "responses_answer",
     "responses_usage",
     "text_part",
@@ -164,6 +165,21 @@ def response_object(
         "user": req.get("user"),
         "metadata": req.get("metadata") or {},
     }
+
+
+def response_update(snapshot: Mapping[str, Any], *, status: str, output: list[dict[str, Any]],
+                    usage: dict[str, Any] | None, incomplete: str | None = None
+                    ) -> dict[str, Any]:
+    """``response_object`` of the same response as ``snapshot`` (one it made) with a new
+    status, output and usage: the request's settings are copied rather than read again, which
+    a stream does at its end; the keys keep their order, so the JSON is the same."""
+    response = dict(snapshot)
+    response["status"] = status
+    response["incomplete_details"] = None if incomplete is None else {"reason": incomplete}
+    response["output"] = output
+    response["output_text"] = output_text(output)
+    response["usage"] = usage
+    return response
 
 
 def _text_of(content: Any) -> str:

@@ -1,8 +1,9 @@
 """A streamed answer: chat completions SSE in, Responses SSE out, never holding an event back.
 
 Per streamed request, fed the chat SSE bytes as the backend sends them (an event may be split
-anywhere; the part after the last blank line waits for its end). Each chat chunk becomes the
-Responses events it implies, written as ``event: <type>\\ndata: <json>\\n\\n`` with a
+anywhere; the part after the last blank line waits for its end); its usage scanner splits and
+decodes the events (``base.StreamTranslator``). Each chat chunk becomes the Responses events it
+implies, written as ``event: <type>\\ndata: <json>\\n\\n`` with a
 ``sequence_number`` counting from 0:
 
 * the first chunk: ``response.created`` and ``response.in_progress`` (a snapshot with no output;
@@ -50,6 +51,7 @@ from gateway.apis.responses.answer import (
     message_item,
     reasoning_item,
     response_object,
+    response_update,
     responses_usage,
     text_part,
 )
@@ -58,50 +60,13 @@ from gateway.errors import BackendFailure
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from gateway.accounting.sse import ChatChunk, ChunkToolCall
     from gateway.accounting.usage import BackendUsage
     from gateway.errors import GatewayError
 
 __all__ = ["ResponsesStream"]
 
-_LF = b"\n\n"
-_CRLF = b"\r\n\r\n"
-_DONE = b"[DONE]"
 _encode = msgspec.json.encode
-
-
-class _Function(msgspec.Struct):
-    name: str | None = None
-    arguments: Any = None
-
-
-class _ToolCall(msgspec.Struct):
-    index: int | None = None
-    id: str | None = None
-    function: _Function | None = None
-
-
-class _Delta(msgspec.Struct):
-    content: str | None = None
-    refusal: str | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-    tool_calls: list[_ToolCall] | None = None
-
-
-class _Choice(msgspec.Struct):
-    index: int = 0
-    delta: _Delta | None = None
-    finish_reason: str | None = None
-
-
-class _Chunk(msgspec.Struct):
-    created: int | None = None
-    choices: list[_Choice] | None = None
-    usage: dict[str, Any] | None = None
-    error: Any = None
-
-
-_decode_chunk = msgspec.json.Decoder(_Chunk).decode
 
 #: per content part kind: (delta event, done event, the done event's text field)
 _PART_EVENTS = {
@@ -142,16 +107,17 @@ class ResponsesStream(StreamTranslator):
 
     def __init__(self, *, model: str, request_id: str, prompt_tokens: int,
                  request: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
         self._model = model
         self._rid = request_id
         self.prompt_tokens = prompt_tokens
         self._request = request
         self._seq = 0
-        self._tail = b""
-        self._sep: bytes | None = None
         self._started = False
         self._closed = False
         self._created_at = 0
+        #: the ``response.created`` snapshot (the request's settings echoed), made at the start
+        self._snapshot: dict[str, Any] = {}
         self._count = 0  # output items opened
         self._open: _Open | None = None
         self._output: list[dict[str, Any]] = []  # closed items, in output order
@@ -159,41 +125,12 @@ class ResponsesStream(StreamTranslator):
         self._finish: str | None = None
         #: the backend's usage, when its usage chunk arrived
         self.usage: BackendUsage | None = None
-        #: chat events that were not JSON (skipped)
-        self.malformed = 0
         #: the whole response the terminal event carried (``response.completed`` or
         #: ``response.incomplete``): what a stored response keeps; None until then, and for a
         #: stream that failed
         self.final: dict[str, Any] | None = None
 
     # -- the contract -------------------------------------------------------------------------
-
-    def feed(self, chunk: bytes) -> bytes:
-        if self._closed:
-            return b""
-        data = self._tail + chunk if self._tail else chunk
-        sep = self._sep or self._detect(data)
-        cut = -1 if sep is None else data.rfind(sep)
-        if sep is None or cut < 0:
-            self._tail = data
-            return b""
-        self._tail = data[cut + len(sep):]
-        out: list[bytes] = []
-        for event in data[:cut].split(sep):
-            if event and not self._closed:
-                self._event(event, out)
-        return b"".join(out)
-
-    def finish(self) -> bytes:
-        if self._closed:
-            return b""
-        out: list[bytes] = []
-        tail, self._tail = self._tail.strip(b"\r\n"), b""
-        if tail:
-            self._event(tail, out)
-        if not self._closed:
-            self._complete(out)
-        return b"".join(out)
 
     def fail(self, error: GatewayError) -> bytes:
         if self._closed:
@@ -204,27 +141,20 @@ class ResponsesStream(StreamTranslator):
 
     # -- chat events in -----------------------------------------------------------------------
 
-    def _detect(self, data: bytes) -> bytes | None:
-        i = data.find(b"\n")
-        if i < 0:
-            return None
-        self._sep = _CRLF if i > 0 and data[i - 1] == 13 else _LF
-        return self._sep
+    def _opening(self, out: list[bytes]) -> None:
+        """Nothing: ``response.created`` waits for the first chunk, whose ``created`` it
+        carries."""
 
-    def _event(self, event: bytes, out: list[bytes]) -> None:
-        if event.startswith(b"data: ") and b"\n" not in event:
-            payload: bytes | None = event[6:]
-        else:
-            payload = _data_field(event)
-        if payload is None:
-            return  # a comment (keep-alive) or an event without data
-        if payload == _DONE:
+    def _done(self, out: list[bytes]) -> None:
+        if not self._closed:
             self._complete(out)
-            return
-        try:
-            chunk = _decode_chunk(payload)
-        except msgspec.DecodeError:
-            self.malformed += 1
+
+    def _end(self, out: list[bytes]) -> None:
+        if not self._closed:
+            self._complete(out)
+
+    def _chunk(self, chunk: ChatChunk, out: list[bytes]) -> None:
+        if self._closed:
             return
         if chunk.error is not None:
             out.append(self.fail(BackendFailure("the backend failed during the stream")))
@@ -239,8 +169,19 @@ class ResponsesStream(StreamTranslator):
                 reasoning = delta.reasoning_content or delta.reasoning
                 if reasoning:
                     self._text("reasoning", "reasoning_text", reasoning, out)
-                if delta.content:
-                    self._text("message", "output_text", delta.content, out)
+                content = delta.content
+                if content:
+                    item = self._open
+                    if item is not None and item.part == "output_text":
+                        # the common chunk, text of the text part already open: ``_text``'s
+                        # last step and ``_delta``, inlined
+                        item.texts.append(content)
+                        seq = self._seq
+                        self._seq = seq + 1
+                        out.append(b"%s%s,\"sequence_number\":%d}\n\n"
+                                   % (item.prefix, _encode(content), seq))
+                    else:
+                        self._text("message", "output_text", content, out)
                 if delta.refusal:
                     self._text("message", "refusal", delta.refusal, out)
                 for call in delta.tool_calls or ():
@@ -264,18 +205,18 @@ class ResponsesStream(StreamTranslator):
         self._seq += 1
         return b"%s%s,\"sequence_number\":%d}\n\n" % (prefix, _encode(text), seq)
 
-    def _snapshot(self, status: str, output: list[dict[str, Any]],
-                  usage: dict[str, Any] | None, incomplete: str | None) -> dict[str, Any]:
-        return response_object(request_id=self._rid, model=self._model,
-                               created_at=self._created_at, status=status, output=output,
-                               usage=usage, request=self._request, incomplete=incomplete)
-
-    def _start(self, created: int | None, out: list[bytes]) -> None:
+    def _start(self, created: float | None, out: list[bytes]) -> None:
         self._started = True
-        self._created_at = created if created is not None else int(time.time())
-        snapshot = self._snapshot("in_progress", [], None, None)
-        out.append(self._emit("response.created", {"response": snapshot}))
-        out.append(self._emit("response.in_progress", {"response": snapshot}))
+        self._created_at = int(created) if created is not None else int(time.time())
+        self._snapshot = response_object(
+            request_id=self._rid, model=self._model, created_at=self._created_at,
+            status="in_progress", output=[], usage=None, request=self._request)
+        body = _encode(self._snapshot)  # once for both events, which carry the same snapshot
+        for type_ in ("response.created", "response.in_progress"):
+            seq = self._seq
+            self._seq += 1
+            out.append(b"event: %s\ndata: {\"type\":\"%s\",\"response\":%s,"
+                       b"\"sequence_number\":%d}\n\n" % (type_.encode(), type_.encode(), body, seq))
 
     def _complete(self, out: list[bytes]) -> None:
         """The last event: the whole response."""
@@ -283,8 +224,9 @@ class ResponsesStream(StreamTranslator):
             self._start(None, out)
         self._end_output(out)
         incomplete = INCOMPLETE.get(self._finish or "")
-        response = self._snapshot("completed" if incomplete is None else "incomplete",
-                                  self._output, responses_usage(self.usage), incomplete)
+        response = response_update(
+            self._snapshot, status="completed" if incomplete is None else "incomplete",
+            output=self._output, usage=responses_usage(self.usage), incomplete=incomplete)
         kind = "response.completed" if incomplete is None else "response.incomplete"
         self.final = response
         out.append(self._emit(kind, {"response": response}))
@@ -356,7 +298,7 @@ class ResponsesStream(StreamTranslator):
         item.parts.append(whole)
         item.part = None
 
-    def _tool(self, call: _ToolCall, out: list[bytes]) -> None:
+    def _tool(self, call: ChunkToolCall, out: list[bytes]) -> None:
         item = self._open
         function = call.function
         name = function.name if function is not None else None
@@ -421,12 +363,3 @@ class ResponsesStream(StreamTranslator):
         state = "closed" if self._closed else "open"
         return f"<ResponsesStream [{state} | {len(self._output)} items, seq {self._seq}]>"
 
-
-def _data_field(event: bytes) -> bytes | None:
-    """The data of a general SSE event (several lines, ``data:`` with or without a space)."""
-    data: list[bytes] = []
-    for line in event.splitlines():
-        if line.startswith(b"data:"):
-            value = line[5:]
-            data.append(value[1:] if value.startswith(b" ") else value)
-    return b"\n".join(data) if data else None

@@ -15,8 +15,17 @@ completion of the same content (the overhead bench's request and fixture answers
 It prints the µs per request of each path (median of ``--repeat`` timings of ``--number``
 runs), the difference to chat, and with ``--profile`` the top functions of a cProfile run of
 the translated path (tottime), to set against the gateway's CPU per request measured by
-``loadtest.bench.overhead.ab``. The stream is fed as one read (the fixture is ~12 KB) or in
-``--piece``-byte reads.
+``loadtest.bench.overhead.ab``. The stream is fed one event per read (``--piece 0``, the
+default: how a backend writes a stream), as one read (``--piece 65536``: the fixture is ~12 KB)
+or in ``--piece``-byte reads.
+
+Instructions instead of time: ``--calls N --only API --mode stream`` runs N requests of one
+path and prints nothing, for ``valgrind --tool=callgrind`` (instructions are immune to the
+machine's load); two runs, N=20 and N=120, give the instructions per request as the difference
+of their totals over 100 (the start-up cancels out)::
+
+    valgrind --tool=callgrind --callgrind-out-file=cg.20 \
+        python -m loadtest.bench.overhead.translation --calls 20 --only responses --mode stream
 """
 
 from __future__ import annotations
@@ -47,8 +56,15 @@ __all__ = ["main", "paths"]
 _encode = msgspec.json.encode
 
 
-def _feed(scanner: StreamScanner | TranslatingScanner, sse: bytes, piece: int) -> int:
-    sent = sum(len(scanner.feed(sse[i:i + piece])) for i in range(0, len(sse), piece))
+def _reads(sse: bytes, piece: int) -> list[bytes]:
+    """The stream as the relay reads it: one event per read (``piece`` 0) or ``piece`` bytes."""
+    if piece <= 0:
+        return [event + b"\n\n" for event in sse.split(b"\n\n") if event]
+    return [sse[i:i + piece] for i in range(0, len(sse), piece)]
+
+
+def _feed(scanner: StreamScanner | TranslatingScanner, reads: list[bytes]) -> int:
+    sent = sum(len(scanner.feed(read)) for read in reads)
     return sent + len(scanner.flush())
 
 
@@ -57,14 +73,14 @@ def paths(api: str, *, stream: bool, piece: int, counter: PromptCounter
     """One request's gateway-side work of ``api`` that differs between the paths."""
     body = payloads.request_body(stream=stream, api=api).encode()
     answer = payloads.completion_body().encode()
-    sse = payloads.sse_body().encode()
+    reads = _reads(payloads.sse_body().encode(), piece)
     if api == "chat":
         endpoint = ENDPOINTS[payloads.API_PATHS["chat"]]
 
         def chat() -> object:
             parsed = parse_request(body, endpoint)
             if stream:
-                return _feed(StreamScanner(strip_usage=True), sse, piece)
+                return _feed(StreamScanner(strip_usage=True), reads)
             return parsed
 
         return chat
@@ -79,8 +95,7 @@ def paths(api: str, *, stream: bool, piece: int, counter: PromptCounter
             tokens = count_prompt(counter, "chat", parsed.payload).total
             translator = frontend.stream(model=parsed.model, request_id="req-bench",
                                          prompt_tokens=tokens, request=parsed.native)
-            return _feed(TranslatingScanner(StreamScanner(strip_usage=False), translator), sse,
-                         piece)
+            return _feed(TranslatingScanner(translator), reads)
         plan = Upstream(frontend, False, "/v1/chat/completions", upstream, None, None,
                         parsed.model, "req-bench", "openai", parsed.native)
         return plan.answer(200, answer)
@@ -106,14 +121,26 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--number", type=int, default=2000, help="calls per timing (2000)")
     p.add_argument("--repeat", type=int, default=7, help="timings per path (7)")
-    p.add_argument("--piece", type=int, default=1 << 16,
-                   help="bytes per stream read (65536: the whole fixture at once)")
+    p.add_argument("--piece", type=int, default=0,
+                   help="bytes per stream read (0: one event per read; 65536: the whole "
+                   "fixture at once)")
     p.add_argument("--profile", type=int, default=15, metavar="N",
                    help="show the top N functions of each translated path (0: none)")
     p.add_argument("--encoding", default="o200k_base",
                    help="the prompt counter's encoding (o200k_base, the models' default)")
+    p.add_argument("--calls", type=int, default=None, metavar="N",
+                   help="only run N requests of --only/--mode, untimed (for callgrind)")
+    p.add_argument("--only", choices=["chat", *sorted(FRONTENDS)], default="chat",
+                   help="the path --calls runs (chat)")
+    p.add_argument("--mode", choices=["stream", "non-stream"], default="stream",
+                   help="the mode --calls runs (stream)")
     args = p.parse_args(argv)
     counter = PromptCounter(args.encoding)
+    if args.calls is not None:
+        fn = paths(args.only, stream=args.mode == "stream", piece=args.piece, counter=counter)
+        for _ in range(args.calls + 1):  # one more: the first call warms caches up
+            fn()
+        return 0
     for stream in (False, True):
         mode = "stream" if stream else "non-stream"
         base = _time(paths("chat", stream=stream, piece=args.piece, counter=counter),
