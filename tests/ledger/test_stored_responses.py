@@ -87,6 +87,28 @@ async def test_another_tenant_sees_nothing_and_cannot_overwrite(make_sql: Callab
     assert await store.get("other", key) is None
 
 
+async def test_concurrent_puts_share_transactions(make_sql: Callable[..., Any]) -> None:
+    """Puts that arrive together group-commit: every one is stored (and durable when its call
+    returns), in fewer transactions than puts; an id another tenant holds fails only that put."""
+    store = ResponseStore(await make_sql())
+    taken = rid()
+    assert await store.put("other", taken, request={}, messages=[], answer={"o": 1},
+                           ttl_ms=HOUR_MS)
+    before = store.put_transactions
+    keys = [rid() for _ in range(40)]
+    results = await asyncio.gather(
+        *(store.put("acme", k, request=REQUEST, messages=MESSAGES, answer={"n": i},
+                    ttl_ms=HOUR_MS) for i, k in enumerate(keys)),
+        store.put("acme", taken, request={}, messages=[], answer={"x": 1}, ttl_ms=HOUR_MS))
+    assert results == [True] * 40 + [False]
+    assert store.put_transactions - before < 41 // 2  # the first alone, then the rest together
+    for i, k in enumerate(keys):
+        got = await store.get("acme", k)
+        assert got is not None and got.answer == {"n": i}
+    still = await store.get("other", taken)
+    assert still is not None and still.answer == {"o": 1}
+
+
 async def test_put_again_replaces(make_sql: Callable[..., Any]) -> None:
     store = ResponseStore(await make_sql())
     key = rid()

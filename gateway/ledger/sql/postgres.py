@@ -191,6 +191,24 @@ class PostgresLedger(SqlLedger):
                 raise LedgerUnavailable(f"postgresql: {type(exc).__name__}: {exc}") from exc
             raise
 
+    async def _transaction(self, statements: Sequence[tuple[str, tuple[Any, ...]]]
+                           ) -> list[int]:
+        """Statements in one transaction on one pooled connection (one commit); the rows
+        each changed. An outage becomes ``LedgerUnavailable``."""
+        pool = await self._get_pool()
+        try:
+            async with pool.acquire(timeout=self._connect_timeout) as conn, \
+                    conn.transaction():
+                counts = []
+                for sql, values in statements:
+                    status: str = await conn.execute(sql, *values)
+                    counts.append(int(status.rsplit(" ", 1)[-1]))  # "INSERT 0 1"
+                return counts
+        except Exception as exc:
+            if is_outage(exc):
+                raise LedgerUnavailable(f"postgresql: {type(exc).__name__}: {exc}") from exc
+            raise
+
     async def _connect(self) -> None:
         await self._get_pool()
 

@@ -12,12 +12,17 @@ has deleted it yet.
 
 The statements run on the ledger's own connections (SQLite: its writer and reader threads;
 PostgreSQL: its pool), so the store adds no connection of its own; a database that is away
-raises ``LedgerUnavailable``, as the ledger's reads do. Each write is one autocommitted
-statement: durable when the call returns (SQLite ``synchronous=FULL``, PostgreSQL's commit).
+raises ``LedgerUnavailable``, as the ledger's reads do. A ``put`` is durable when the call
+returns (SQLite ``synchronous=FULL``, PostgreSQL's commit), and puts group-commit: the puts
+that arrive while one transaction runs share the next one (one fsync, one thread hop for
+many responses under load; a put alone on an idle store is committed at once, it never waits
+for a timer). A batch that fails is retried one put per transaction, so one bad row fails
+only its own put. Deletes and the sweep are one autocommitted statement each.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -70,6 +75,11 @@ class ResponseStore:
         self.ledger = ledger
         self.dialect = ledger.dialect
         ledger.sweeps.append(self.expire)  # the ledger's maintenance task sweeps the expired
+        #: puts waiting for the next transaction: (statement, values, the caller's future)
+        self._pending: list[tuple[str, tuple[Any, ...], asyncio.Future[int]]] = []
+        self._committing = False
+        #: transactions that committed puts (fewer than the puts under load: group commit)
+        self.put_transactions = 0
 
     def __repr__(self) -> str:
         return f"<ResponseStore [{self.dialect}]>"
@@ -99,7 +109,12 @@ class ResponseStore:
                "created_ms = excluded.created_ms, expires_ms = excluded.expires_ms, "
                "request = excluded.request, messages = excluded.messages, "
                "answer = excluded.answer WHERE stored_responses.tenant = excluded.tenant")
-        return await self._write(sql, p.values) == 1
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending.append((sql, tuple(p.values), future))
+        if not self._committing:
+            self._committing = True
+            asyncio.get_running_loop().create_task(self._commit_pending())
+        return await future == 1
 
     async def get(self, tenant: str, response_id: str, *, now_ms: int | None = None
                   ) -> StoredResponse | None:
@@ -142,6 +157,42 @@ class ResponseStore:
 
     # -- the ledger's connections ------------------------------------------------------------
 
+    async def _commit_pending(self) -> None:
+        """Commit what waits, batch after batch, until nothing does."""
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                statements = [(sql, values) for sql, values, _ in batch]
+                try:
+                    counts = await self._write_many(statements)
+                except Exception:  # one bad row must not fail the others: one at a time
+                    for sql, values, future in batch:
+                        try:
+                            count = (await self._write_many([(sql, values)]))[0]
+                        except Exception as exc:
+                            if not future.done():
+                                future.set_exception(exc)
+                        else:
+                            if not future.done():
+                                future.set_result(count)
+                    continue
+                for (_, _, future), count in zip(batch, counts, strict=True):
+                    if not future.done():
+                        future.set_result(count)
+        finally:
+            self._committing = False
+
+    async def _write_many(self, statements: Sequence[tuple[str, tuple[Any, ...]]]
+                          ) -> list[int]:
+        """Statements in one transaction; the rows each changed."""
+        self.put_transactions += 1
+        if self.dialect == "sqlite":
+            ledger = cast("SqliteLedger", self.ledger)
+            return await ledger._on(ledger._writer,
+                                    lambda: _in_transaction(ledger._w(), statements))
+        pg = cast("PostgresLedger", self.ledger)
+        return await pg._transaction(statements)
+
     async def _write(self, sql: str, values: Sequence[Any]) -> int:
         """One autocommitted statement; the rows it changed."""
         if self.dialect == "sqlite":
@@ -167,3 +218,16 @@ class ResponseStore:
 
 def _rowcount(cursor: sqlite3.Cursor) -> int:
     return cursor.rowcount
+
+
+def _in_transaction(conn: sqlite3.Connection,
+                    statements: Sequence[tuple[str, tuple[Any, ...]]]) -> list[int]:
+    """Run ``statements`` in one SQLite transaction (one commit, one fsync)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        counts = [conn.execute(sql, values).rowcount for sql, values in statements]
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return counts
