@@ -289,6 +289,7 @@ class Rollouts:
     async def view(self, model: str) -> dict[str, Any]:
         """The rollout with its current window's counts and gate figures."""
         state = await self.state(model)
+        local = self._states[model]
         d = self._definitions[model]
         window = await self._gathered(state)
         results = evaluate(d.progressive, window, self._shadow(state))
@@ -296,7 +297,9 @@ class Rollouts:
                 "requests": {"canary": window.requests("canary"),
                              "baseline": window.requests("baseline")},
                 "gates": [r.to_json() for r in results], "history": state.history,
-                "store": self.store.kind, "leader": self.leader}
+                "store": self.store.kind, "leader": self.leader, "replica": self.replica,
+                # what this replica routes by (read back from the store every tick)
+                "routing": {"revision": local.revision, "share": local.share}}
 
     async def act(self, model: str, action: str, by: str) -> RolloutState:
         """Apply an operator's action (:class:`InvalidAction` if it does not apply now)."""
