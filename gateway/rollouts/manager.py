@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway.config.model import seconds
-from gateway.rollouts.counts import Window
+from gateway.rollouts.counts import Arm, Window
 from gateway.rollouts.gates import evaluate
 from gateway.rollouts.machine import InvalidAction, RolloutState, act, decide, restart
 from gateway.rollouts.notify import Notifier
@@ -104,6 +104,7 @@ class Rollouts:
         self._states: dict[str, RolloutState] = {}
         self._weights: dict[str, Weights] = {}
         self._windows: dict[str, tuple[int, Window]] = {}  # model -> (epoch, this replica's)
+        self._pending: list[RequestContext] = []  # finished since the last tick
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -139,30 +140,22 @@ class Rollouts:
         return self._weights.get(model)
 
     def observe(self, ctx: RequestContext) -> None:
-        """Count one finished request of a rollout's model (call once per request)."""
-        role = self._roles.get((ctx.request_model, ctx.version))
-        if role is None or ctx.pool is None or ctx.outcome == "cancelled":
-            return
-        model, side = role
-        held = self._windows.get(model)
-        if held is None:
-            return
-        arm = held[1].arm(side, ctx.request_class or "")
-        arm.requests += 1
-        if (ctx.status >= 500 or ctx.attempts > 1
-                or (ctx.response_started and ctx.outcome == "failed")):
-            arm.errors += 1
-        first = ctx.first_token_ns
-        if first is not None:
-            arm.ttft.add((first - ctx.started_ns) / 1e9)
-        usage = ctx.usage
-        if usage is not None:
-            out = usage.output
-            arm.token_n += 1
-            arm.tokens += out
-            arm.tokens_sq += out * out
-            if ctx.stream and first is not None and out > 1 and ctx.last_chunk_ns is not None:
-                arm.tpot.add((ctx.last_chunk_ns - first) / 1e9 / (out - 1))
+        """Keep one finished request of a rollout's model for the next tick (call once per
+        request; a dict lookup and an append: the counting runs in :meth:`tick`)."""
+        if (ctx.request_model, ctx.version) in self._roles:
+            self._pending.append(ctx)
+
+    def _count(self) -> None:
+        """Count the requests kept since the last tick into their windows."""
+        pending, self._pending = self._pending, []
+        roles, windows = self._roles, self._windows
+        for ctx in pending:
+            role = roles.get((ctx.request_model, ctx.version))
+            if role is None or ctx.pool is None or ctx.outcome == "cancelled":
+                continue  # a reload dropped the rollout; never routed; the client left
+            held = windows.get(role[0])
+            if held is not None:
+                _add(held[1].arm(role[1], ctx.request_class or ""), ctx)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -195,23 +188,30 @@ class Rollouts:
             await self.notifier.webhooks.aclose()
 
     async def tick(self) -> None:
-        """One round: reconcile, publish, and (holding the lease) decide."""
+        """One round: reconcile, count what finished, publish, and (holding the lease)
+        decide."""
         async with self._lock:
             if not self._definitions:
                 return
             self.leader = await self.store.lead(self.replica, max(3 * self.interval, 1.0))
-            for name in list(self._definitions):
-                await self._tick_model(name)
+            states = [await self._reconcile(name) for name in list(self._definitions)]
+            windows = [self._local(state) for state in states]  # a new step: a new window
+            self._count()
+            for state, window in zip(states, windows, strict=True):
+                await self._publish_and_decide(state, window)
 
     async def sync(self) -> None:
         """Reconcile every rollout with the policy now (after a reload)."""
         async with self._lock:
             for name in list(self._definitions):
-                await self._reconcile(name)
+                try:
+                    await self._reconcile(name)
+                except Exception as exc:  # the store is away: the next tick reconciles
+                    _log.warning("rollout %s: cannot reconcile after the reload yet: %s: %s",
+                                 name, type(exc).__name__, exc)
 
-    async def _tick_model(self, name: str) -> None:
-        state = await self._reconcile(name)
-        window = self._local(state)
+    async def _publish_and_decide(self, state: RolloutState, window: Window) -> None:
+        name = state.model
         ttl = max(_COUNTS_TTL, 10 * seconds(self._definitions[name].progressive.hold))
         await self.store.publish(name, state.epoch, self.replica, window.to_json(), ttl)
         if not self.leader:
@@ -319,6 +319,26 @@ class Rollouts:
             state = await self.state(name)
             rows.append(summary(state, self._definitions[name].progressive, self.clock()))
         return rows
+
+
+def _add(arm: Arm, ctx: RequestContext) -> None:
+    """One request into its arm: an error (5xx, a stream broken after the first byte, a
+    failed first attempt), its TTFT, output tokens and, for a stream, its TPOT."""
+    arm.requests += 1
+    if ctx.status >= 500 or ctx.attempts > 1 or (ctx.response_started
+                                                 and ctx.outcome == "failed"):
+        arm.errors += 1
+    first = ctx.first_token_ns
+    if first is not None:
+        arm.ttft.add((first - ctx.started_ns) / 1e9)
+    usage = ctx.usage
+    if usage is not None:
+        out = usage.output
+        arm.token_n += 1
+        arm.tokens += out
+        arm.tokens_sq += out * out
+        if ctx.stream and first is not None and out > 1 and ctx.last_chunk_ns is not None:
+            arm.tpot.add((ctx.last_chunk_ns - first) / 1e9 / (out - 1))
 
 
 def summary(state: RolloutState, progressive: Progressive, now: float) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from gateway.accounting import TokenUsage
 from gateway.config import Model, Policy, Pool, Version
 from gateway.config.model import Backend, Progressive, seconds
 from gateway.context import RequestContext
-from gateway.rollouts import MemoryRolloutStore, Rollouts
+from gateway.rollouts import AgreementSource, MemoryRolloutStore, Rollouts
 from gateway.routing.rollout import choose_version
 
 #: (rng, canary?) -> (status, ttft seconds, tpot seconds, output tokens, stream broke?)
@@ -90,14 +90,15 @@ class Run:
 
 
 def drive(policy_: Policy, answer: Answer, *, windows: float, rate: float = 100.0,
-          seed: int = 1, ticks_per_hold: int = 10, store: MemoryRolloutStore | None = None
-          ) -> Run:
+          seed: int = 1, ticks_per_hold: int = 10, store: MemoryRolloutStore | None = None,
+          agreement: AgreementSource | None = None) -> Run:
     """Traffic at ``rate`` requests/s for ``windows`` hold windows, ticking the rollout
     ``ticks_per_hold`` times a window; the router picks each request's version from the
     rollout's weights, as the gateway does."""
     rng = random.Random(seed)
     clock = Clock()
-    rollouts = Rollouts(store or MemoryRolloutStore(), clock=clock, interval=1.0)
+    rollouts = Rollouts(store or MemoryRolloutStore(), clock=clock, interval=1.0,
+                        agreement=lambda: agreement)
     rollouts.configure(policy_)
     model = policy_.models[0]
     progressive = next(v.progressive for v in model.versions if v.progressive)

@@ -66,3 +66,41 @@ def test_a_waiting_baseline_holds_the_step() -> None:
     run = drive(policy([50.0, 100.0], min_requests=5), healthy, windows=2, rate=5,
                 ticks_per_hold=2)
     assert run.state.phase in (Phase.PROGRESSING, Phase.PROMOTED)
+
+
+class _Agreement:
+    """What the shadow comparison (issue 19 point 4) gives the gate: (agreed, compared)."""
+
+    def __init__(self, agreed: int, compared: int) -> None:
+        self.figures = (agreed, compared)
+        self.asked: list[tuple[str, str]] = []
+
+    def agreement(self, model: str, version: str) -> tuple[int, int] | None:
+        self.asked.append((model, version))
+        return self.figures
+
+
+@pytest.mark.parametrize("agreed, phase", [
+    pytest.param(60, Phase.ROLLED_BACK, id="disagreeing"),
+    pytest.param(199, Phase.PROMOTED, id="agreeing"),
+])
+def test_the_shadow_agreement_gate_reads_the_agreement_source(agreed: int, phase: Phase
+                                                              ) -> None:
+    from gateway.config.model import AgreementGate, RolloutGates
+    from tests.rollouts import synthetic
+
+    source = _Agreement(agreed, 200)
+    gates = RolloutGates(shadow_agreement=AgreementGate(min=0.9))
+    run = synthetic.drive(policy([50.0, 100.0], min_requests=50, gates=gates), healthy,
+                          windows=1.5, rate=200, agreement=source)
+    assert run.state.phase is phase, [e["reason"] for e in run.state.history]
+    assert ("m", "canary") in source.asked
+
+
+def test_without_a_shadow_comparison_the_agreement_gate_holds_the_step() -> None:
+    from gateway.config.model import AgreementGate, RolloutGates
+
+    gates = RolloutGates(shadow_agreement=AgreementGate(min=0.9))
+    run = drive(policy([50.0, 100.0], min_requests=50, gates=gates), healthy, windows=3,
+                rate=200)
+    assert (run.state.phase, run.state.step) == (Phase.PROGRESSING, 0)

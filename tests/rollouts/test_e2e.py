@@ -23,7 +23,7 @@ from tests.rollouts.traffic import (
 )
 
 #: wall-clock stall before the first token (not divided by the simulator's speed-up)
-BASE_STALL_MS = 20.0
+BASE_STALL_MS = 50.0
 
 
 @pytest.fixture(scope="module")
