@@ -75,14 +75,18 @@ def test_a_healthy_canary_is_promoted_step_by_step(
         in gw.output()
 
 
-def test_a_canary_with_twice_the_ttft_is_rolled_back_in_its_first_window(
+def test_a_canary_with_twice_the_ttft_is_rolled_back(
         baseline: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with SimServer("interactive", speedup=20, jitter=0.0,
                    stall_ms=2 * BASE_STALL_MS) as canary, \
             _gateway(tmp_path, baseline, canary, monkeypatch) as gw, Traffic([gw.url]):
         view = wait_phase(gw.url, {"promoted", "rolled_back"})
         reasons = [e["reason"] for e in view["history"]]
-        assert reasons == ["started", "gate:ttft_p90"], reasons
+        # usually in its first window; on a loaded box the gateway's own queueing can hide
+        # a 50 ms difference among 30 requests, and a later, larger step then shows it (the
+        # first-window property at realistic counts: test_decisions.py)
+        assert reasons[0] == "started" and reasons[-1] == "gate:ttft_p90", reasons
+        assert "promoted" not in reasons
         assert view["share"] == 0.0
         gates = {g["name"]: g for g in view["gates"]}
         assert set(gates) == {"error_rate", "ttft_p90", "tpot_p90"}
