@@ -13,7 +13,8 @@
 A model name may hold slashes (``meta-llama/Llama-3.1-8B``): the path after
 ``/admin/rollouts/`` is the model, and for a POST its last segment is the action. Answers:
 404 for a model without a progressive version, 400 for an unknown action, 409 for an action
-that does not apply to the rollout's phase (resume when it is not paused, ...).
+that does not apply to the rollout's phase (resume when it is not paused, ...), 503 when the
+rollout store (Redis) does not answer.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from litestar import get, post
 
 from gateway.errors import GatewayError, InvalidRequest, RouteNotFound
-from gateway.rollouts import ACTIONS, InvalidAction, UnknownRollout
+from gateway.rollouts import ACTIONS, InvalidAction, RolloutStoreUnavailable, UnknownRollout
 
 if TYPE_CHECKING:
     from gateway.rollouts import Rollouts
 
-__all__ = ["RolloutConflict", "rollout_handlers"]
+__all__ = ["RolloutConflict", "RolloutsUnavailable", "rollout_handlers"]
 
 _log = logging.getLogger("gateway.admin")
 
@@ -42,6 +43,14 @@ class RolloutConflict(GatewayError):
     code: ClassVar[str | None] = "rollout_conflict"
 
 
+class RolloutsUnavailable(GatewayError):
+    """The rollout store (Redis) did not answer."""
+
+    status: ClassVar[int] = 503
+    type: ClassVar[str] = "server_error"
+    code: ClassVar[str | None] = "rollout_store_unavailable"
+
+
 def _unknown(model: str) -> RouteNotFound:
     return RouteNotFound(f"no progressive rollout for model {model!r}")
 
@@ -51,7 +60,10 @@ def rollout_handlers(rollouts: Rollouts) -> list[Any]:
 
     @get("/admin/rollouts")
     async def listing() -> list[dict[str, Any]]:
-        return await rollouts.listing()
+        try:
+            return await rollouts.listing()
+        except RolloutStoreUnavailable as exc:
+            raise RolloutsUnavailable(str(exc)) from None
 
     @get("/admin/rollouts/{rest:path}")
     async def one(rest: str) -> dict[str, Any]:
@@ -60,6 +72,8 @@ def rollout_handlers(rollouts: Rollouts) -> list[Any]:
             return await rollouts.view(model)
         except UnknownRollout:
             raise _unknown(model) from None
+        except RolloutStoreUnavailable as exc:
+            raise RolloutsUnavailable(str(exc)) from None
 
     @post("/admin/rollouts/{rest:path}", status_code=200)
     async def action(rest: str) -> dict[str, Any]:
@@ -69,11 +83,14 @@ def rollout_handlers(rollouts: Rollouts) -> list[Any]:
                                  f"/admin/rollouts/<model>/<{'|'.join(ACTIONS)}>")
         try:
             state = await rollouts.act(model, verb, "admin")
+            _log.info("admin: rollout %s %s -> %s at %g%%", model, verb, state.phase,
+                      state.share)
+            return await rollouts.view(model)
         except UnknownRollout:
             raise _unknown(model) from None
         except InvalidAction as exc:
             raise RolloutConflict(str(exc)) from None
-        _log.info("admin: rollout %s %s -> %s at %g%%", model, verb, state.phase, state.share)
-        return await rollouts.view(model)
+        except RolloutStoreUnavailable as exc:
+            raise RolloutsUnavailable(str(exc)) from None
 
     return [listing, one, action]

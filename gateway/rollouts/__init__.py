@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.rollouts.base import AgreementSource, RolloutStore
+from gateway.rollouts.base import AgreementSource, RolloutStore, RolloutStoreUnavailable
 from gateway.rollouts.machine import ACTIONS, InvalidAction, Phase, RolloutState
 from gateway.rollouts.manager import Rollouts, UnknownRollout, weights_for
 from gateway.rollouts.memory import FILE_NAME, MemoryRolloutStore
@@ -33,6 +33,7 @@ __all__ = [
     "RedisRolloutStore",
     "RolloutState",
     "RolloutStore",
+    "RolloutStoreUnavailable",
     "Rollouts",
     "UnknownRollout",
     "make_rollout_store",

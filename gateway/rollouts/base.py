@@ -14,7 +14,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from gateway.rollouts.machine import RolloutState
 
-__all__ = ["AgreementSource", "RolloutStore"]
+__all__ = ["AgreementSource", "RolloutStore", "RolloutStoreUnavailable"]
+
+
+class RolloutStoreUnavailable(RuntimeError):
+    """The shared store (Redis) did not answer; the caller keeps its last state."""
 
 
 class RolloutStore(Protocol):

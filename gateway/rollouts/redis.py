@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from gateway.redis import escape_tag, open_redis
+from gateway.redis import FAILURES, escape_tag, open_redis
+from gateway.rollouts.base import RolloutStoreUnavailable
 from gateway.rollouts.machine import RolloutState
 
 if TYPE_CHECKING:
@@ -78,38 +79,47 @@ class RedisRolloutStore:
     def __repr__(self) -> str:
         return f"<RedisRolloutStore [{self.redis.kind}]>"
 
+    async def _call(self, *args: Any) -> Any:
+        try:
+            return await self.redis.execute_command(*args)
+        except FAILURES as exc:
+            raise RolloutStoreUnavailable(f"Redis: {type(exc).__name__}") from exc
+
     async def load(self, model: str) -> RolloutState | None:
-        raw = await self.redis.execute_command("GET", f"{_key(model)}:state")
+        raw = await self._call("GET", f"{_key(model)}:state")
         return None if raw is None else RolloutState.from_json(json.loads(raw))
 
     async def save(self, state: RolloutState, expected: int | None) -> bool:
-        done = await self.redis.execute_command(
+        done = await self._call(
             "EVAL", _CAS, 1, f"{_key(state.model)}:state",
             -1 if expected is None else expected, json.dumps(state.to_json()))
         return bool(done)
 
     async def drop(self, model: str) -> None:
-        await self.redis.execute_command("DEL", f"{_key(model)}:state")
+        await self._call("DEL", f"{_key(model)}:state")
 
     async def publish(self, model: str, epoch: int, replica: str, window: dict[str, Any],
                       ttl: float) -> None:
         key = f"{_key(model)}:w:{epoch}"
-        await self.redis.execute_many([("HSET", key, replica, json.dumps(window)),
-                                       ("PEXPIRE", key, int(ttl * 1000))])
+        try:
+            await self.redis.execute_many([("HSET", key, replica, json.dumps(window)),
+                                           ("PEXPIRE", key, int(ttl * 1000))])
+        except FAILURES as exc:
+            raise RolloutStoreUnavailable(f"Redis: {type(exc).__name__}") from exc
 
     async def gather(self, model: str, epoch: int) -> list[dict[str, Any]]:
-        reply = await self.redis.execute_command("HGETALL", f"{_key(model)}:w:{epoch}")
+        reply = await self._call("HGETALL", f"{_key(model)}:w:{epoch}")
         values = (list(reply.values()) if isinstance(reply, dict)
                   else list(reply or [])[1::2])
         return [json.loads(_text(v)) for v in values]
 
     async def lead(self, replica: str, ttl: float) -> bool:
-        held = await self.redis.execute_command("EVAL", _LEAD, 1, LEASE_KEY, replica,
+        held = await self._call("EVAL", _LEAD, 1, LEASE_KEY, replica,
                                                 int(ttl * 1000))
         return bool(held)
 
     async def resign(self, replica: str) -> None:
-        await self.redis.execute_command("EVAL", _RESIGN, 1, LEASE_KEY, replica)
+        await self._call("EVAL", _RESIGN, 1, LEASE_KEY, replica)
 
     async def aclose(self) -> None:
         await self.redis.aclose()

@@ -83,3 +83,22 @@ def test_one_lease_holder_at_a_time(redis_proc: RedisProc) -> None:
         await store.resign(a)
 
     _run("redis", redis_proc, case)
+
+
+def test_an_unreachable_redis_is_one_named_error() -> None:
+    """No Redis listening: the store says so with its own error (the admin API's 503), not
+    redis-py's."""
+    from gateway.rollouts import RolloutStoreUnavailable
+    from tests.helpers import free_port
+
+    async def go() -> None:
+        store = RedisRolloutStore.from_url(f"redis://127.0.0.1:{free_port()}")
+        try:
+            with pytest.raises(RolloutStoreUnavailable):
+                await store.load("m")
+            with pytest.raises(RolloutStoreUnavailable):
+                await store.publish("m", 1, "a", {}, 60)
+        finally:
+            await store.aclose()
+
+    asyncio.run(go())
