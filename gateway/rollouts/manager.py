@@ -288,8 +288,11 @@ class Rollouts:
 
     async def view(self, model: str) -> dict[str, Any]:
         """The rollout with its current window's counts and gate figures."""
+        if model not in self._definitions:
+            raise UnknownRollout(model)
+        routed = self._states.get(model)  # what this replica routed by as the call came in
         state = await self.state(model)
-        local = self._states[model]
+        local = routed or state
         d = self._definitions[model]
         window = await self._gathered(state)
         results = evaluate(d.progressive, window, self._shadow(state))
