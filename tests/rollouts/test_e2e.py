@@ -107,3 +107,25 @@ def test_a_canary_with_twice_the_ttft_is_rolled_back(
                                   capture_output=True, text=True, cwd=REPO, env=env,
                                   check=True)
         assert '"phase": "promoted"' in promoted.stdout
+
+
+def test_a_reload_that_changes_the_definition_restarts_the_rollout(
+        baseline: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    with SimServer("interactive", speedup=20, jitter=0.0, stall_ms=BASE_STALL_MS) as canary, \
+            _gateway(tmp_path, baseline, canary, monkeypatch) as gw:
+        wait_phase(gw.url, {"progressing"})
+        data = yaml.safe_load(gw.config.read_text())
+        answer = httpx.post(gw.url + "/admin/reload", headers=ADMIN, timeout=30)
+        assert answer.status_code == 200  # the same definition: the rollout goes on
+        assert [e["reason"] for e in rollout(gw.url)["history"]] == ["started"]
+        data["models"][0]["versions"][1]["progressive"]["steps"] = [5, 100]
+        gw.config.write_text(yaml.safe_dump(data))
+        answer = httpx.post(gw.url + "/admin/reload", headers=ADMIN, timeout=30)
+        assert answer.status_code == 200
+        view = rollout(gw.url)
+        reasons = [e["reason"] for e in view["history"]]
+        assert reasons[:2] == ["started", "definition_changed"], reasons
+        assert view["steps"] == [5.0, 100.0]
+    assert "definition changed by a reload; the rollout restarts at pending" in gw.output()
