@@ -28,8 +28,8 @@ from gateway.api.health import Readiness
 from gateway.api.models import ModelsHandler
 from gateway.api.openapi import openapi_handlers
 from gateway.api.proxy import ProxyHandler
-from gateway.api.shadow import shadow_handlers
 from gateway.api.rollouts import rollout_handlers
+from gateway.api.shadow import shadow_handlers
 from gateway.api.stored_responses import PREFIX as STORED_PREFIX
 from gateway.api.stored_responses import StoredResponsesHandler
 from gateway.api.usage import usage_handlers

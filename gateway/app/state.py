@@ -163,9 +163,9 @@ class Gateway:
             self.keystore = open_keystore(policy)
         self.runtime = Runtime(policy, keystore=self.keystore)
         # progressive canaries (issue 19): the router reads their weights, the pipeline feeds
-        # their counts; ``shadow_compare`` (an AgreementSource), when set, feeds the
-        # shadow_agreement gate
-        self.shadow_compare: AgreementSource | None = getattr(self, "shadow_compare", None)
+        # their counts; ``shadow_compare`` (an AgreementSource: the mirror's comparisons)
+        # feeds the shadow_agreement gate
+        self.shadow_compare: AgreementSource | None = None  # set with the mirror below
         self.rollouts = Rollouts(
             make_rollout_store(policy.store, os.environ.get(policy.store.redis_url_env)),
             metrics=self.metrics, webhooks=WebhookSender(),
@@ -180,6 +180,7 @@ class Gateway:
         self.tasks: set[asyncio.Task[Any]] = set()  # background tasks kept referenced
         self.settles: set[asyncio.Task[None]] = set()  # quota settles still running
         self.mirror = Mirror(self.upstream, self.metrics)  # shadow traffic and its stats
+        self.shadow_compare = self.mirror.comparisons  # the shadow_agreement gate's source
         self._monitors: Monitors | None = None
         self._reload_lock = asyncio.Lock()
         # the other workers of this server (--workers N), for reloads and scrapes that must

@@ -105,6 +105,8 @@ class Rollouts:
         self._weights: dict[str, Weights] = {}
         self._windows: dict[str, tuple[int, Window]] = {}  # model -> (epoch, this replica's)
         self._pending: list[RequestContext] = []  # finished since the last tick
+        #: model -> (epoch, the agreement source's reading when that window began)
+        self._agreement_base: dict[str, tuple[int, tuple[int, int]]] = {}
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -272,8 +274,18 @@ class Rollouts:
         return merged
 
     def _shadow(self, state: RolloutState) -> tuple[int, int] | None:
+        """(agreed, compared) of the canary's shadow comparisons in the current window: the
+        source counts since its process started, so the reading at the window's start is
+        taken off. None while nothing was compared in the window."""
         source = self._agreement()
-        return source.agreement(state.model, state.version) if source is not None else None
+        reading = source.agreement(state.model, state.version) if source is not None else None
+        if reading is None:
+            return None
+        base = self._agreement_base.get(state.model)
+        if base is None or base[0] != state.epoch:
+            base = self._agreement_base[state.model] = (state.epoch, reading)
+        agreed, compared = reading[0] - base[1][0], reading[1] - base[1][1]
+        return (agreed, compared) if compared > 0 else None
 
     # -- operators ---------------------------------------------------------------------------
 

@@ -69,15 +69,19 @@ def test_a_waiting_baseline_holds_the_step() -> None:
 
 
 class _Agreement:
-    """What the shadow comparison (issue 19 point 4) gives the gate: (agreed, compared)."""
+    """What the shadow comparisons (``Mirror.comparisons``) give the gate: (agreed, compared)
+    since the process started; here ``compared`` grows by 20 between two readings, of which
+    ``agreed`` agree."""
 
     def __init__(self, agreed: int, compared: int) -> None:
-        self.figures = (agreed, compared)
+        self.rate = agreed / compared
+        self.compared = 0
         self.asked: list[tuple[str, str]] = []
 
     def agreement(self, model: str, version: str) -> tuple[int, int] | None:
         self.asked.append((model, version))
-        return self.figures
+        self.compared += 20
+        return round(self.rate * self.compared), self.compared
 
 
 @pytest.mark.parametrize("agreed, phase", [
