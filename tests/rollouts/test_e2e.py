@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -23,7 +24,7 @@ from tests.rollouts.traffic import (
 )
 
 #: wall-clock stall before the first token (not divided by the simulator's speed-up)
-BASE_STALL_MS = 50.0
+BASE_STALL_MS = 100.0
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +34,11 @@ def baseline() -> Iterator[SimServer]:
 
 
 def _gateway(tmp: Path, baseline: SimServer, canary: SimServer,
-             monkeypatch: pytest.MonkeyPatch) -> GatewayProcess:
+             monkeypatch: pytest.MonkeyPatch, **gates: Any) -> GatewayProcess:
     monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", ADMIN_TOKEN)
     monkeypatch.delenv("GATEWAY_REDIS_URL", raising=False)
     data = progressive_policy(policy({"stable": [baseline.url], "canary": [canary.url]}),
-                              steps=[20, 50, 100], hold="1s", min_requests=30)
+                              steps=[20, 50, 100], hold="1s", min_requests=30, **gates)
     return GatewayProcess(tmp, data)
 
 
@@ -77,15 +78,18 @@ def test_a_healthy_canary_is_promoted_step_by_step(
 
 def test_a_canary_with_twice_the_ttft_is_rolled_back(
         baseline: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the gateway's own queueing on a loaded box adds the same tail to both sides, which
+    # shrinks a 2x stall to less at the p90: a ratio of 1.2 is the bound here
     with SimServer("interactive", speedup=20, jitter=0.0,
                    stall_ms=2 * BASE_STALL_MS) as canary, \
-            _gateway(tmp_path, baseline, canary, monkeypatch) as gw, Traffic([gw.url]):
+            _gateway(tmp_path, baseline, canary, monkeypatch,
+                     ttft_p90={"max_ratio": 1.2}) as gw, Traffic([gw.url]):
         view = wait_phase(gw.url, {"promoted", "rolled_back"})
         reasons = [e["reason"] for e in view["history"]]
         # usually in its first window; on a loaded box the gateway's own queueing can hide
         # a 50 ms difference among 30 requests, and a later, larger step then shows it (the
         # first-window property at realistic counts: test_decisions.py)
-        assert reasons[0] == "started" and reasons[-1] == "gate:ttft_p90", reasons
+        assert reasons[0] == "started" and reasons[-1] == "gate:ttft_p90", (reasons, view)
         assert "promoted" not in reasons
         assert view["share"] == 0.0
         gates = {g["name"]: g for g in view["gates"]}
