@@ -220,7 +220,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 #: seconds of answers behind each point of the error and TTFT panels
 ROLLING = 3.0
 #: the first seconds (connections opening, first requests) are left out of the chart
-WARMUP = 5.0
+WARMUP = 1.0
 
 
 def _rolling(samples: list[Sample], t: float, pool: str) -> tuple[int, int, list[float]]:
