@@ -1,4 +1,4 @@
-"""``python -m loadtest.rollout_bench``: a progressive canary, time-compressed, good and bad.
+"""``python -m loadtest.bench.rollout_bench``: a progressive canary, time-compressed, good and bad.
 
 Starts two fast simulators (``gateway sim --speedup``; the canary's with an injected fault)
 and a gateway whose model splits into a baseline version and a progressive canary, drives
@@ -273,7 +273,7 @@ def plot(runs: dict[str, list[Sample]], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.rollout_bench",
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench.rollout_bench",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenarios", default="good,errors,ttft")
     parser.add_argument("--steps", default="10,25,50,100",
