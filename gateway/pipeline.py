@@ -113,6 +113,8 @@ class Services:
     settle_later: Callable[[Coroutine[Any, Any, None]], None]
     #: stored responses (Responses API ``store``, ``previous_response_id``); None: none kept
     responses: ResponseStore | None = None
+    #: progressive rollouts count each finished request of a versioned model
+    rollouts: Callable[[RequestContext], None] | None = None
 
 
 class Inbound:
@@ -365,6 +367,8 @@ class Pipeline:
                  record_content=_record_content(runtime, ctx))
         services = self.services
         services.finished(ctx, span)  # metrics and access line, in batches
+        if ctx.version is not None and services.rollouts is not None:
+            services.rollouts(ctx)  # a canary's gates read it
         # 8. record (here only for a request that did not reach its response's end)
         if ctx.admitted and not ctx.recorded:
             services.ledger.write_nowait(self._make_record(runtime, ctx))

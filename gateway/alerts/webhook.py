@@ -87,6 +87,8 @@ class Delivery:
     secret: bytes
     body: bytes
     id: str
+    #: the ``X-Gateway-Event`` header
+    event: str = "budget.threshold"
 
     def __repr__(self) -> str:  # never the secret, nor a URL that may hold a token
         return f"<Delivery {self.id}>"
@@ -207,7 +209,7 @@ class WebhookSender:
                 timeout=aiohttp.ClientTimeout(total=self._timeout))
         headers = {
             "Content-Type": "application/json",
-            EVENT_HEADER: "budget.threshold",
+            EVENT_HEADER: delivery.event,
             DELIVERY_HEADER: delivery.id,
             SIGNATURE_HEADER: sign(delivery.secret, int(time.time()), delivery.body),
         }

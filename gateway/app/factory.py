@@ -28,6 +28,7 @@ from gateway.api.health import Readiness
 from gateway.api.models import ModelsHandler
 from gateway.api.openapi import openapi_handlers
 from gateway.api.proxy import ProxyHandler
+from gateway.api.rollouts import rollout_handlers
 from gateway.api.shadow import shadow_handlers
 from gateway.api.stored_responses import PREFIX as STORED_PREFIX
 from gateway.api.stored_responses import StoredResponsesHandler
@@ -241,7 +242,8 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
 
     handlers += [healthz, readyz, metrics, *admin_handlers(gateway),
                  *usage_handlers(current, gateway.ledger), *openapi_handlers(current),
-                 *shadow_handlers(current, gateway.mirror.comparisons)]
+                 *shadow_handlers(current, gateway.mirror.comparisons),
+                 *rollout_handlers(gateway.rollouts)]
     app = GatewayApp(
         route_handlers=handlers,
         lifespan=[lifespan],

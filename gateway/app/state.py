@@ -30,6 +30,7 @@ from gateway.ledger.sql.responses import ResponseStore
 from gateway.pipeline import Inbound, LineAnswer, Pipeline, Services
 from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, RedisQuotaStore
 from gateway.request.parse import ENDPOINTS
+from gateway.rollouts import Rollouts, make_rollout_store
 from gateway.runtime import Runtime
 from gateway.telemetry import (
     FinishedRequests,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from gateway.config import Policy, Store
     from gateway.ledger.sql.store import SqlLedger
     from gateway.quota.alerts import AlertSink
+    from gateway.rollouts import AgreementSource
 
 __all__ = ["METRICS_TOKEN_ENV", "SIBLING_RELOAD_TIMEOUT", "Gateway"]
 
@@ -68,6 +70,10 @@ def _secrets(policy: Policy) -> tuple[str, ...]:
               policy.store.redis_url_env, policy.store.ledger_url_env}
     for alerts in (policy.alerts, *(o.alerts for o in policy.organizations if o.alerts)):
         names |= {n for n in (alerts.webhook_url_env, alerts.webhook_secret_env) if n}
+    for model in policy.models:
+        for version in model.versions:
+            if (p := version.progressive) is not None:
+                names |= {n for n in (p.webhook_url_env, p.webhook_secret_env) if n}
     return tuple(v for n in sorted(names) if (v := os.environ.get(n)) and len(v) >= 6)
 
 
@@ -156,6 +162,16 @@ class Gateway:
         if policy.store.keys_file is not None or os.environ.get(policy.store.redis_url_env):
             self.keystore = open_keystore(policy)
         self.runtime = Runtime(policy, keystore=self.keystore)
+        # progressive canaries (issue 19): the router reads their weights, the pipeline feeds
+        # their counts; ``shadow_compare`` (an AgreementSource: the mirror's comparisons)
+        # feeds the shadow_agreement gate
+        self.shadow_compare: AgreementSource | None = None  # set with the mirror below
+        self.rollouts = Rollouts(
+            make_rollout_store(policy.store, os.environ.get(policy.store.redis_url_env)),
+            metrics=self.metrics, webhooks=WebhookSender(),
+            agreement=lambda: self.shadow_compare)
+        self.rollouts.configure(policy)
+        self.runtime.router.weights = self.rollouts.weights
         self.source = source  # the policy path, for reloads
         # per-encoding counters with their history caches, kept across policy reloads
         self.counters: dict[str, PromptCounter] = {}
@@ -164,6 +180,7 @@ class Gateway:
         self.tasks: set[asyncio.Task[Any]] = set()  # background tasks kept referenced
         self.settles: set[asyncio.Task[None]] = set()  # quota settles still running
         self.mirror = Mirror(self.upstream, self.metrics)  # shadow traffic and its stats
+        self.shadow_compare = self.mirror.comparisons  # the shadow_agreement gate's source
         self._monitors: Monitors | None = None
         self._reload_lock = asyncio.Lock()
         # the other workers of this server (--workers N), for reloads and scrapes that must
@@ -178,7 +195,7 @@ class Gateway:
             upstream=self.upstream, quota=self.quota, ledger=self.ledger,
             tracing=self.tracing, metrics=self.metrics, mirror=self.mirror,
             counter=self.counter, finished=self.finished, settle_later=self.settle_later,
-            responses=self.responses,
+            responses=self.responses, rollouts=self.rollouts.observe,
         ))
         #: batch lines run through the same pipeline as live requests
         self.batch_runner = BatchRunner(self, self.batches, line_executor(self.pipeline))
@@ -206,6 +223,7 @@ class Gateway:
         if self.runtime.policy.batch.run:
             self.batch_runner.start()
         self._gauges = asyncio.create_task(self._gauge_loop())
+        await self.rollouts.start()
         self._monitors = Monitors(list(self.runtime.router.pools.values()), self.upstream)
         self._monitors.start()
         interval = self.runtime.policy.server.watch_interval
@@ -271,6 +289,7 @@ class Gateway:
         if self.keystore is not None:
             await self.keystore.aclose()
         await self.quota.aclose()
+        await self.rollouts.aclose()
         await self.alerts.aclose()  # webhooks still queued get a short drain
         if self._gauges is not None:
             self._gauges.cancel()
@@ -355,6 +374,7 @@ class Gateway:
                     raise RuntimeError("no policy source to reload from")
                 policy = load_policy(self.source)
             runtime = Runtime(policy, self.runtime, self.keystore)
+            self.rollouts.configure(policy)  # before the swap: the router reads its weights
             monitors = Monitors(list(runtime.router.pools.values()), self.upstream)
             old = self._monitors
             self.runtime = runtime  # the atomic swap
@@ -363,6 +383,7 @@ class Gateway:
             if old is not None:
                 await old.stop()
             self.reloads += 1
+            await self.rollouts.sync()  # a changed rollout definition restarts, logged
             _log.info("policy reloaded (%d pools, %d models)", len(runtime.router.pools),
                       len(runtime.models))
             return runtime

@@ -1,4 +1,4 @@
-"""The ``gateway`` command: serve, check, sim, demo, schema, keys, usage, db."""
+"""The ``gateway`` command: serve, check, sim, demo, schema, keys, usage, db, rollout."""
 
 from __future__ import annotations
 
@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli.db import add_db_parser
 
     add_db_parser(sub)
+    from gateway.cli.rollout import add_rollout_parser
+
+    add_rollout_parser(sub)
 
     demo = sub.add_parser(
         "demo",

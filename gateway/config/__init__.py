@@ -32,6 +32,7 @@ from gateway.config.model import (
     Tenant,
     Timeouts,
     Version,
+    seconds,
 )
 
 __all__ = [
@@ -67,5 +68,6 @@ __all__ = [
     "key_hashes",
     "load_policy",
     "parse_policy",
+    "seconds",
     "validate",
 ]

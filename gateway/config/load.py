@@ -9,6 +9,7 @@ unique, API keys resolve) are checked on the merged result.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ import yaml
 from gateway.config.model import Policy
 
 if TYPE_CHECKING:
-    from gateway.config.model import Alerts
+    from gateway.config.model import Alerts, Version
 
 __all__ = ["PolicyError", "key_hashes", "load_policy", "parse_policy"]
 
@@ -192,6 +193,7 @@ def _validate_routing(policy: Policy, source: str, pools: set[str]) -> None:
             need_pool(version.pool, f"$.models[{i}].versions[{j}].pool")
         if model.versions and not any(v.weight > 0 for v in model.versions):
             raise PolicyError(source, f"$.models[{i}].versions", "at least one weight must be > 0")
+        _validate_progressive(model.versions, source, f"$.models[{i}].versions")
         if model.shadow is not None:
             need_pool(model.shadow.pool, f"$.models[{i}].shadow.pool")
     names = {m.name for m in policy.models}
@@ -203,6 +205,26 @@ def _validate_routing(policy: Policy, source: str, pools: set[str]) -> None:
             if name not in policy.prices.models:
                 raise PolicyError(source, f"$.prices.tenants.{tenant}.{name}",
                                   f"model {name!r} has no price in prices.models to override")
+
+
+def _validate_progressive(versions: list[Version], source: str, field: str) -> None:
+    """One progressive version per model, with a baseline beside it, steps that grow."""
+    progressive = [j for j, v in enumerate(versions) if v.progressive is not None]
+    if not progressive:
+        return
+    if len(progressive) > 1:
+        raise PolicyError(source, field, "at most one version may be progressive")
+    j = progressive[0]
+    labels = [v.label for v in versions]
+    if len(set(labels)) != len(labels):
+        raise PolicyError(source, field, "versions of a progressive rollout need distinct names")
+    if not any(v.weight > 0 for k, v in enumerate(versions) if k != j):
+        raise PolicyError(source, field, "a progressive version needs a baseline version with "
+                          "weight > 0 beside it")
+    steps = versions[j].progressive.steps  # type: ignore[union-attr]
+    if any(b <= a for a, b in itertools.pairwise(steps)):
+        raise PolicyError(source, f"{field}[{j}].progressive.steps",
+                          f"steps must grow: {steps}")
 
 
 def _validate_tenants(policy: Policy, source: str) -> None:

@@ -31,8 +31,10 @@ __all__ = [
     "PrefixRouting",
     "Price",
     "Prices",
+    "Progressive",
     "RequestClass",
     "Retry",
+    "RolloutGates",
     "RouteRule",
     "Routing",
     "Server",
@@ -44,6 +46,7 @@ __all__ = [
     "Tenant",
     "Timeouts",
     "Version",
+    "seconds",
 ]
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/@-]+$")]
@@ -225,6 +228,79 @@ class Pool(_Base, frozen=True):
         return self.prefix or PrefixRouting()
 
 
+#: a duration: seconds as a number, or a string with a unit ("500ms", "90s", "5m", "1h")
+Duration = Annotated[str, msgspec.Meta(pattern=r"^\d+(\.\d+)?(ms|s|m|h)$")] | Annotated[
+    float, msgspec.Meta(gt=0)]
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def seconds(duration: str | float) -> float:
+    """A :data:`Duration` in seconds ("5m" -> 300.0, 1.5 -> 1.5)."""
+    if not isinstance(duration, str):
+        return float(duration)
+    unit = "ms" if duration.endswith("ms") else duration[-1]
+    return float(duration[: -len(unit)]) * _UNITS[unit]
+
+
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
+class ErrorRateGate(_Base, frozen=True):
+    """The canary's error rate (5xx answers, stream breaks, failed first attempts) may exceed
+    the baseline's by at most ``max_increase`` (absolute, 0.01 = one point)."""
+
+    max_increase: Fraction = 0.01
+
+
+class LatencyGate(_Base, frozen=True):
+    """The canary's p90 may be at most ``max_ratio`` x the baseline's."""
+
+    max_ratio: Annotated[float, msgspec.Meta(ge=1)] = 1.25
+
+
+class TokensGate(_Base, frozen=True):
+    """Mean output tokens per request may differ from the baseline's by at most
+    ``max_change`` (relative: 0.5 = half as many or 1.5x as many)."""
+
+    max_change: Annotated[float, msgspec.Meta(gt=0)] = 0.5
+
+
+class AgreementGate(_Base, frozen=True):
+    """The shadow-comparison agreement rate of the canary must be at least ``min``."""
+
+    min: Fraction = 0.9
+
+
+class RolloutGates(_Base, frozen=True):
+    """What a canary must hold to advance; a gate set to null is off."""
+
+    error_rate: ErrorRateGate | None = msgspec.field(default_factory=ErrorRateGate)
+    ttft_p90: LatencyGate | None = msgspec.field(default_factory=LatencyGate)
+    tpot_p90: LatencyGate | None = msgspec.field(default_factory=LatencyGate)
+    output_tokens: TokensGate | None = None
+    shadow_agreement: AgreementGate | None = None
+
+
+class Progressive(_Base, frozen=True):
+    """Drive a canary version by itself: its share of traffic walks through ``steps``
+    (percent), each held for ``hold`` with at least ``min_requests`` on the canary, while
+    every gate holds against the baseline versions; one failing gate rolls it back to 0%."""
+
+    steps: Annotated[list[Annotated[float, msgspec.Meta(gt=0, le=100)]],
+                     msgspec.Meta(min_length=1)] = msgspec.field(
+        default_factory=lambda: [1.0, 5.0, 25.0, 50.0, 100.0])
+    hold: Duration = "5m"
+    min_requests: PositiveInt = 200
+    #: confidence of each gate's test: a gate fails only when the data say, at this level,
+    #: that the canary is worse than the bound
+    confidence: Annotated[float, msgspec.Meta(ge=0.5, lt=1)] = 0.95
+    gates: RolloutGates = msgspec.field(default_factory=RolloutGates)
+    #: environment variables holding a webhook URL and its HMAC secret: one signed POST per
+    #: transition (unset: none)
+    webhook_url_env: str | None = None
+    webhook_secret_env: str | None = None
+
+
 class Version(_Base, frozen=True):
     """One backend version of a public model, for weighted rollouts (e.g. 95/5 canaries)."""
 
@@ -233,6 +309,8 @@ class Version(_Base, frozen=True):
     #: serve this version from another pool (its own backends); default: the model's pool
     pool: Name | None = None
     name: str | None = None
+    #: a canary driven by the gateway (``weight`` is then ignored: the rollout sets its share)
+    progressive: Progressive | None = None
 
     @property
     def label(self) -> str:

@@ -35,10 +35,10 @@ from gateway.routing.rollout import choose_version
 from gateway.routing.shed import retry_after, shed_reason
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping
+    from collections.abc import Callable, Collection, Mapping, Sequence
     from typing import Any
 
-    from gateway.config import Model, Policy, RequestClass
+    from gateway.config import Model, Policy, RequestClass, Version
     from gateway.routing.backend import BackendState
     from gateway.routing.predict import Prediction
 
@@ -87,6 +87,10 @@ class Router:
         for state in self.pools.values():
             owner = self.classes.get(state.request_class)
             state.own_priority = owner.priority if owner is not None else None
+        #: progressive rollouts' version weights by model (set by the gateway, kept across
+        #: reloads); None or a None answer: the configured weights
+        self.weights: Callable[[str], Sequence[tuple[Version, float]] | None] | None = (
+            previous.weights if previous is not None else None)
         self.budget: RetryBudget = (
             previous.budget
             if previous is not None and previous.policy.routing.retry == policy.routing.retry
@@ -128,7 +132,8 @@ class Router:
     ) -> Route:
         """Decide class, version and pools (no I/O)."""
         request_class = self.classes[class_name]
-        version = choose_version(model, sticky_key)
+        weights = self.weights(model.name) if self.weights is not None else None
+        version = choose_version(model, sticky_key, weights=weights)
         pool_name = model.pool_for(class_name)
         upstream = model.upstream_name
         if version is not None:

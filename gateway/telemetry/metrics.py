@@ -291,6 +291,15 @@ class Metrics:
         self.shadow_requests = Counter("gateway_shadow_requests",
                                        "Shadow (mirrored) requests, by outcome.", ["status"],
                                        registry=r)
+        self.rollout_step = Gauge("gateway_rollout_step", "A progressive canary's share of "
+                                  "its model's traffic, percent (0 after a rollback or abort, "
+                                  "100 once promoted).", ["model", "version"],
+                                  multiprocess_mode="livemax", registry=r)
+        self.rollout_transitions = Counter("gateway_rollout_transitions",
+                                           "Rollout transitions, by reason (started, advanced, "
+                                           "promoted, gate:<name>, operator:<action>, "
+                                           "definition_changed).",
+                                           ["model", "version", "reason"], registry=r)
         self.shadow_compared_total = Counter(
             "gateway_shadow_compared", "Shadow answers compared with the primary's, by outcome "
             "(agree, disagree, error: either side not a complete 2xx answer).",
@@ -501,6 +510,15 @@ class Metrics:
         """A request was refused by load shedding (answered 503 with Retry-After)."""
         if self.enabled:
             self.shed.labels(model, pool, cls, reason).inc()
+    def set_rollout_step(self, model: str, version: str, share: float) -> None:
+        """A canary's share of traffic now, percent."""
+        if self.enabled:
+            self.rollout_step.labels(model, version).set(share)
+
+    def rollout_transition(self, model: str, version: str, reason: str) -> None:
+        """A rollout moved (counted by the replica that moved it)."""
+        if self.enabled:
+            self.rollout_transitions.labels(model, version, reason).inc()
 
     def ejection(self, pool: str, backend: str) -> None:
         """A backend was ejected; also marks it unhealthy."""

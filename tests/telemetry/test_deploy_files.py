@@ -27,6 +27,8 @@ def exposed_names() -> set[str]:
     m.set_inflight("p", "b", 1)
     m.set_queue_depth("p", 1)
     m.set_redis_up(True)
+    m.set_rollout_step("m", "v", 5.0)
+    m.rollout_transition("m", "v", "advanced")
     body = m.render()[0].decode()
     return {line.split("{")[0].split(" ")[0] for line in body.splitlines()
             if line and not line.startswith("#")}
