@@ -183,6 +183,10 @@ class SqlLedger(Ledger):
         await self.spool.append(batch)
         self.stats.spooled += len(batch)
 
+    async def _spill(self, batch: list[UsageRecord]) -> None:
+        await self.spool.append(batch)
+        self.stats.spooled += len(batch)
+
     def _write_late(self, batch: list[UsageRecord]) -> None:
         self.spool.append_sync(batch)
         self.stats.spooled += len(batch)
