@@ -483,7 +483,10 @@ async def pg_bytes(url: str) -> dict[str, Any]:
             SELECT coalesce(sum(pg_relation_size(c.oid)), 0) FROM pg_inherits i
             JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent
             WHERE p.relname = 'usage_records'""")
-        hourly = await conn.fetchval("SELECT pg_total_relation_size('usage_hourly')")
+        # the rollups: hourly and daily (migration 5), together
+        hourly = await conn.fetchval("SELECT pg_total_relation_size('usage_hourly') + "
+                                     "coalesce(pg_total_relation_size("
+                                     "to_regclass('usage_daily')), 0)")
         rows = await conn.fetchval("SELECT count(*) FROM usage_records")
         groups = await conn.fetchval("SELECT count(*) FROM usage_hourly")
     finally:
@@ -506,7 +509,7 @@ def _sqlite_bytes(path: Path) -> dict[str, Any]:
     finally:
         conn.close()
     total = path.stat().st_size
-    hourly = sum(v for k, v in sizes.items() if "hourly" in k) if sizes else None
+    hourly = sum(v for k, v in sizes.items() if "hourly" in k or "daily" in k) if sizes else None
     out = _bytes(rows, groups, records=total - (hourly or 0) if sizes else total, hourly=hourly)
     out["file_bytes"] = total
     return out
