@@ -38,7 +38,8 @@ timed). Figures per case:
 
 ``--stores postgresql-main`` adds the store with the flusher as it was on main 1a5293a
 (``flush`` takes the whole buffer and loops while records arrive, one flush at a time;
-``MainFlusherPostgresLedger``) on the same server, case by case beside the others.
+``MainFlusherPostgresLedger``) on the same server, case by case beside the others;
+``postgresql-hourly`` the store without the daily rollup's upsert (migration 5's cost).
 
 Then **bytes on disk per record**: PostgreSQL after ``VACUUM ANALYZE``: ``pg_total_relation_size``
 (heap, TOAST, every index) of the ``usage_records`` partitions and of ``usage_hourly``, over the
@@ -65,7 +66,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,9 @@ import asyncpg
 import msgspec
 
 from gateway.ledger import LedgerSettings, UsageRecord
+from gateway.ledger.sql import postgres as pg_store
 from gateway.ledger.sql.postgres import PostgresLedger
+from gateway.ledger.sql.schema import record_row
 from gateway.ledger.sql.sqlite import SqliteLedger
 from gateway.ledger.sql.store import SqlLedger
 from loadtest.bench.pgserver import PostgresServer
@@ -226,6 +229,30 @@ class MainFlusherPostgresLedger(PostgresLedger):
             if self._buffer:
                 with contextlib.suppress(Exception):
                     await self.flush()
+
+
+class HourlyOnlyPostgresLedger(PostgresLedger):
+    """``PostgresLedger`` without the daily rollup's upsert (the flush statement before
+    migration 5), for ``--stores postgresql-hourly``: what maintaining ``usage_daily`` costs,
+    beside the store on one server in one run (its daily rows are then left empty)."""
+
+    async def _insert(self, batch: Sequence[UsageRecord]) -> int:
+        days = [r.ts_ms // 86_400_000 for r in batch]
+        if not self._partitions.issuperset(days):
+            await self._prepare(batch)
+        rows = [(pg_store._day(n), *record_row(r)) for n, r in zip(days, batch, strict=True)]
+        new = await self._run("fetchval", _HOURLY_ONLY, rows)
+        return self._counted(len(rows), int(new))
+
+
+def _hourly_only() -> str:
+    statement = pg_store._INSERT
+    start = statement.index("), daily AS (")
+    end = statement.index("SELECT count(*) FROM new")
+    return statement[:start] + ")\n" + statement[end:]
+
+
+_HOURLY_ONLY = _hourly_only()
 
 
 # -- CPU of the database server ---------------------------------------------------------------
@@ -444,7 +471,8 @@ class Stores:
         spool = self.workdir / f"spool-{store}-{secrets.token_hex(3)}"
         if store.startswith("postgresql"):
             assert self.pg_url is not None
-            cls = MainFlusherPostgresLedger if store == "postgresql-main" else PostgresLedger
+            cls = {"postgresql-main": MainFlusherPostgresLedger,
+                   "postgresql-hourly": HourlyOnlyPostgresLedger}.get(store, PostgresLedger)
             return _timed(cls)(self.pg_url, spool_dir=spool, migrate=True,
                                settings=self.settings)
         return _timed(SqliteLedger)(self.workdir / "ledger.db", spool_dir=spool,
@@ -639,7 +667,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--stores", default="postgresql,sqlite",
                    help="postgresql,sqlite (both); postgresql-main: the store with main "
-                   "1a5293a's flusher (one flush at a time, looping), beside the others")
+                   "1a5293a's flusher (one flush at a time, looping); postgresql-hourly: without "
+                   "the daily rollup's upsert; beside the others")
     p.add_argument("--modes", default="buffered,durable", help="buffered,durable (both)")
     p.add_argument("--rates", default="1000,5000,20000,max",
                    help="records/s per case, 'max' = as fast as the store takes them")
@@ -665,7 +694,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if bad := set(args.stores) - {"postgresql", "postgresql-main", "sqlite"}:
+    if bad := set(args.stores) - {"postgresql", "postgresql-main", "postgresql-hourly",
+                                  "sqlite"}:
         p.error(f"unknown stores {sorted(bad)}")
     if bad := set(args.modes) - {"buffered", "durable"}:
         p.error(f"unknown modes {sorted(bad)}")

@@ -143,7 +143,8 @@ class PostgresLedger(SqlLedger):
         spool_dir: where records wait while the database is away (local disk).
         settings: batching and retention.
         migrate: apply missing migrations at start instead of refusing to start.
-        pool_size: connections at most (flushes run one at a time; reads and replay share).
+        pool_size: connections at most (``settings.in_flight`` flushes at once, opened at
+            start; reads and replay share the rest).
         connect_timeout: bound of one connection attempt, seconds.
     """
 
@@ -178,8 +179,11 @@ class PostgresLedger(SqlLedger):
         async with self._pool_lock:
             if self._pool is None:
                 try:
+                    # a connection per flush in flight from the start: opening one later
+                    # (a fork on the server, asyncpg's type introspection) lands on a flush
                     self._pool = await asyncpg.create_pool(
-                        self._dsn, min_size=1, max_size=self._pool_size,
+                        self._dsn, min_size=min(self._pool_size, self.settings.in_flight),
+                        max_size=self._pool_size,
                         timeout=self._connect_timeout, command_timeout=None,
                         reset=_keep_session,
                         server_settings={"application_name": "llm-gateway-ledger"})
