@@ -14,17 +14,16 @@ migrated it: upgrade this one).
 2. ``usage_hourly``: the rollups, back-filled from the records already there; maintained from
    then on in the same transaction as the records (PostgreSQL: the store's insert statement;
    SQLite: a trigger on insert).
-3. ``stored_responses``: Responses answers kept for ``previous_response_id`` and retrieval.
+3. ``stored_responses``: the Responses API's stored responses (``store: true``), kept for
+   ``previous_response_id`` and retrieval: one row per response id with its tenant, its expiry
+   (indexed, for the retention sweep), the client's request, the chat messages it was
+   translated to and the response object, each as JSON text (``responses.py``).
 4. ``usage_records.api``: the client API of the request (chat, completions, embeddings,
    responses, messages); records written before it read as ``chat``.
 5. ``usage_daily``: the rollups by UTC day (same group, same counters), back-filled from
    ``usage_hourly`` and maintained beside it in the same transaction (PostgreSQL: the store's
    insert statement; SQLite: a second trigger). A month read grouped by day or month (no
    hour) sums at most 31 rows a group instead of 744 (``usage_query.py``).
-3. ``stored_responses``: the Responses API's stored responses (``store: true``), one row per
-   response id with its tenant, its expiry (indexed, for the retention sweep), the client's
-   request, the chat messages it was translated to and the response object, each as JSON
-   text (read and written by ``responses.py``).
 """
 
 from __future__ import annotations
