@@ -1,15 +1,22 @@
 """The ledger interface, and the write path both stores share: buffer, flusher, drain.
 
 ``write_nowait`` never waits on I/O: it appends the record to an in-process list and returns
-(a microsecond or two). A background flusher hands the list to the store every
-``flush_interval`` seconds, or at once when ``batch_size`` records are waiting. ``close``
-stops the flusher and drains what is left, so a normal shutdown (SIGTERM -> lifespan exit)
-loses nothing.
+(a microsecond or two). A background flusher takes one batch per wake: it waits for
+``batch_size`` records, a durable writer or ``flush_interval``, whichever comes first, takes
+at most ``batch_size`` records and flushes them in a task of its own. ``in_flight`` flushes (two)
+run at once, so the loop fills and encodes the next batch while the database commits the
+previous one; when both are busy, records wait in the buffer and the next batch is full.
+The buffer is bounded (``max_buffer``): a write that finds it full hands everything waiting to
+the spool (an fsync in a worker thread; replayed later), so a store slower than the writers
+costs neither memory without bound, nor a blocked loop, nor a record. ``close`` stops the
+flusher and drains what is left, so a normal shutdown (SIGTERM -> lifespan exit) loses nothing.
 
 ``write_durable`` is the group commit: it queues the record the same way and returns a future
 that completes once the record is durable (committed to the store, or fsync'd to the spool).
-It wakes the flusher at once; records written while a flush is in flight wait for the next
-one, so one commit (one fsync) serves every request that finished during the previous one.
+It wakes the flusher: the flush starts at once when none is under way; otherwise the
+writers gather until that one commits (or a full batch is waiting), so one commit (one fsync)
+serves every request that finished meanwhile, and the second flush slot is used by full
+batches only.
 The pipeline sends a response's last bytes only after that future completes, so a SIGKILL
 can only lose records whose clients did not receive a complete response.
 
@@ -17,7 +24,8 @@ With ``write_nowait`` alone, a record is durable ``flush_interval`` plus one flu
 ``write`` (~50-60 ms; ``stats.max_lag_ms`` measures it): a SIGKILL, OOM kill or power loss in
 that window loses it. Every other exit path goes through ``close``.
 
-A store implements ``_store`` (make a batch durable somewhere, or raise) and the reads:
+A store implements ``_store`` (make a batch durable somewhere, or raise), ``_spill`` (to the
+spool) and the reads:
 ``usage_rows`` (rollup sums, any grouping, keyset pages), ``export`` (records in keyset
 chunks), ``drift`` (a day's rollups against its records) and ``tenants``. The stores of record
 (``sql/``) answer them in SQL; there is no other way to read usage.
@@ -31,12 +39,12 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.ledger.sql.usage_query import DEFAULT_LIMIT
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Coroutine, Sequence
     from datetime import date
 
     from gateway.ledger.record import UsageRecord
@@ -55,8 +63,12 @@ class LedgerSettings:
     Args:
         flush_interval: the longest a ``write_nowait`` record waits in memory before its
             batch is flushed (``write_durable`` flushes at once).
-        batch_size: flush at once when this many records wait; also the records per
-            transaction.
+        batch_size: flush at once when this many records wait; also the records one flush
+            takes and the records per transaction.
+        in_flight: flushes running at once (two: the loop fills the next batch while the
+            database commits the previous).
+        max_buffer: records kept in memory waiting for a flush; past it, what waits goes to
+            the spool (fsync'd in a worker thread) and is replayed from there.
         retention_days: how long raw records are kept after their day (the rollups stay).
         replay_interval: how often the spool is checked for records to replay.
         spool_segment_bytes: a spool file is rotated past this size.
@@ -64,6 +76,8 @@ class LedgerSettings:
 
     flush_interval: float = 0.05
     batch_size: int = 256
+    in_flight: int = 2
+    max_buffer: int = 16_384
     retention_days: int = 90
     replay_interval: float = 1.0
     spool_segment_bytes: int = 16 * 1024 * 1024
@@ -71,17 +85,30 @@ class LedgerSettings:
 
 @dataclass(slots=True)
 class LedgerStats:
-    """Counters of one ledger since start; ``max_lag_ms`` is the measured durability window."""
+    """Counters of one ledger since start; ``max_lag_ms`` is the measured durability window.
+    ``overflowed`` counts records sent to the spool because the buffer was full."""
 
     written: int = 0
     stored: int = 0
     duplicates: int = 0
     spooled: int = 0
+    overflowed: int = 0
     replayed: int = 0
     flushes: int = 0
     flush_errors: int = 0
     max_lag_ms: float = 0.0
     last_lag_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Records taken from the buffer together, the durable writers waiting on them, and when
+    the oldest was written (for the lag)."""
+
+    records: list[UsageRecord]
+    #: (the record's index in ``records``, its writer's future), in index order
+    waiters: list[tuple[int, asyncio.Future[None]]]
+    oldest_ns: int
 
 
 class Ledger(abc.ABC):
@@ -96,10 +123,15 @@ class Ledger(abc.ABC):
         self.settings = settings or LedgerSettings()
         self.stats = LedgerStats()
         self._buffer: list[UsageRecord] = []
-        self._waiters: list[asyncio.Future[None]] = []
+        #: durable writers: (their record's index in the buffer, the future), in index order
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._oldest_ns = 0
         self._wake = asyncio.Event()
-        self._flush_lock = asyncio.Lock()
+        self._slots = asyncio.Semaphore(self.settings.in_flight)
+        #: flushes and overflow spills under way, and how many records they carry
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._in_flight_records = 0
+        self._flushing = 0  # flushes (not spills) under way
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -107,28 +139,38 @@ class Ledger(abc.ABC):
 
     def write_nowait(self, record: UsageRecord) -> None:
         """Queue one record; no I/O, never raises for store trouble."""
+        self._append(record)
+
+    def write_durable(self, record: UsageRecord) -> asyncio.Future[None]:
+        """Queue one record and flush as soon as a flush slot is free: the future completes
+        when the record is durable (never with an error: a store that fails spools)."""
+        waiter = asyncio.get_running_loop().create_future()
+        index = self._append(record)
+        if index < 0:  # written to the spool synchronously (after close)
+            waiter.set_result(None)
+        else:
+            self._waiters.append((index, waiter))
+            self._wake.set()
+        return waiter
+
+    def _append(self, record: UsageRecord) -> int:
+        """Buffer one record; its index in the buffer (-1: spooled at once, after close).
+        A full buffer is handed to the spool first (``_overflow``)."""
         self.stats.written += 1
         if self._closed:
             self._write_late([record])
-            return
+            return -1
         buffer = self._buffer
-        if not buffer:
+        n = len(buffer)
+        if n >= self.settings.max_buffer:
+            self._overflow()
+            buffer, n = self._buffer, 0
+        if not n:
             self._oldest_ns = time.monotonic_ns()
         buffer.append(record)
-        if len(buffer) >= self.settings.batch_size:
+        if n + 1 >= self.settings.batch_size:
             self._wake.set()
-
-    def write_durable(self, record: UsageRecord) -> asyncio.Future[None]:
-        """Queue one record and flush as soon as the store is free: the future completes
-        when the record is durable (never with an error: a store that fails spools)."""
-        waiter = asyncio.get_running_loop().create_future()
-        self.write_nowait(record)
-        if self._closed:  # written to the spool synchronously by write_nowait
-            waiter.set_result(None)
-        else:
-            self._waiters.append(waiter)
-            self._wake.set()
-        return waiter
+        return n
 
     async def write(self, record: UsageRecord) -> None:
         """``write_nowait`` as a coroutine; it never suspends, so a cancelled caller's
@@ -137,8 +179,8 @@ class Ledger(abc.ABC):
 
     @property
     def pending(self) -> int:
-        """Records written but not yet durable."""
-        return len(self._buffer)
+        """Records written but not yet durable (waiting, or in a flush under way)."""
+        return len(self._buffer) + self._in_flight_records
 
     async def start(self) -> None:
         """Start the flusher (and the store's own tasks)."""
@@ -152,26 +194,16 @@ class Ledger(abc.ABC):
                 raise
 
     async def flush(self) -> None:
-        """Make every record written so far durable (stored or spooled) before returning."""
-        async with self._flush_lock:
-            while self._buffer:
-                batch, oldest, waiters = self._buffer, self._oldest_ns, self._waiters
-                self._buffer, self._waiters = [], []
-                try:
-                    await self._store(batch)
-                except BaseException:
-                    self.stats.flush_errors += 1
-                    self._buffer[:0] = batch  # nothing is dropped: next tick tries again
-                    self._waiters[:0] = waiters
-                    self._oldest_ns = oldest
-                    raise
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_result(None)
-                lag = (time.monotonic_ns() - oldest) / 1e6
-                self.stats.flushes += 1
-                self.stats.last_lag_ms = lag
-                self.stats.max_lag_ms = max(self.stats.max_lag_ms, lag)
+        """Make every record written so far durable (stored or spooled) before returning:
+        wait for the flushes under way, then drain the buffer (raising if the store does)."""
+        while self._in_flight or self._buffer:
+            if self._in_flight:
+                await asyncio.wait(list(self._in_flight))
+                continue
+            async with self._slots:
+                batch = self._take(len(self._buffer))
+                if batch is not None:
+                    await self._flush_batch(batch)
 
     async def close(self) -> None:
         """Stop the background tasks and drain the buffer; idempotent."""
@@ -179,8 +211,9 @@ class Ledger(abc.ABC):
             return
         self._closed = True
         if self._flusher is not None:
-            async with self._flush_lock:  # never cancel the flusher in the middle of a batch
-                self._flusher.cancel()
+            # the flusher never awaits the store itself (its flushes are tasks of their own),
+            # so cancelling it cannot interrupt a batch
+            self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
             self._flusher = None
@@ -190,24 +223,150 @@ class Ledger(abc.ABC):
             log.exception("ledger drain failed; writing %d records to the spool", self.pending)
             self._write_late(self._buffer)
             self._buffer = []
-        for waiter in self._waiters:  # durable now, one way or the other
+        for _, waiter in self._waiters:  # durable now, one way or the other
             if not waiter.done():
                 waiter.set_result(None)
         self._waiters = []
         await self._close_store()
 
+    # -- the flusher ----------------------------------------------------------------------
+
     async def _run_flusher(self) -> None:
+        """One batch per wake: wait for a free flush slot, then for ``batch_size`` records,
+        a durable writer (once no flush is under way) or ``flush_interval``, and start a flush
+        of at most ``batch_size`` records as a task of its own; the next batch fills while
+        it commits."""
         interval = self.settings.flush_interval
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
-                    await self._wake.wait()
+            await self._slots.acquire()
+            try:
+                await self._until_due(interval)
+                batch = self._take(self.settings.batch_size)
+            except BaseException:
+                self._slots.release()
+                raise
+            if batch is None:
+                self._slots.release()
+                continue
+            self._launch(self._flush_quietly(batch), len(batch.records), slot=True)
+
+    async def _until_due(self, interval: float) -> None:
+        """Return once a flush is due, or ``interval`` has passed (a wake that finds nothing
+        due, such as a flush finishing, waits on for the rest of it)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + interval
+        while not self._due():
             self._wake.clear()
-            if self._buffer:
-                try:
-                    await self.flush()
-                except Exception:
-                    log.exception("ledger flush failed; %d records kept for retry", self.pending)
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._wake.wait()
+
+    def _due(self) -> bool:
+        """A full batch waits, or a durable writer does and no flush is under way (one that
+        is gathers the writers for the next: one commit serves them all)."""
+        if len(self._buffer) >= self.settings.batch_size:
+            return True
+        return bool(self._waiters) and self._flushing == 0
+
+    def _take(self, limit: int) -> _Batch | None:
+        """Up to ``limit`` records from the front of the buffer, with the durable writers
+        waiting on them (a waiter is kept with its record's index)."""
+        buffer = self._buffer
+        if not buffer:
+            return None
+        oldest = self._oldest_ns
+        if len(buffer) <= limit:
+            self._buffer, waiters, self._waiters = [], self._waiters, []
+            return _Batch(buffer, waiters, oldest)
+        self._buffer, taken = buffer[limit:], buffer[:limit]
+        self._oldest_ns = time.monotonic_ns()  # not kept per record: the next lag errs short
+        waiters, kept = [], []
+        for index, waiter in self._waiters:
+            if index < limit:
+                waiters.append((index, waiter))
+            else:
+                kept.append((index - limit, waiter))
+        self._waiters = kept
+        return _Batch(taken, waiters, oldest)
+
+    def _put_back(self, batch: _Batch) -> None:
+        """A batch that could not be made durable goes back to the front of the buffer."""
+        n = len(batch.records)
+        if self._buffer:
+            self._oldest_ns = min(self._oldest_ns, batch.oldest_ns)
+        else:
+            self._oldest_ns = batch.oldest_ns
+        self._buffer[:0] = batch.records
+        self._waiters[:0] = batch.waiters
+        self._waiters[len(batch.waiters):] = [(i + n, w) for i, w in
+                                              self._waiters[len(batch.waiters):]]
+
+    def _launch(self, coro: Coroutine[Any, Any, None], records: int, *, slot: bool) -> None:
+        task = asyncio.create_task(coro, name="ledger-flush")
+        self._in_flight.add(task)
+        self._in_flight_records += records
+        self._flushing += slot
+
+        def finished(done: asyncio.Task[None]) -> None:
+            self._in_flight.discard(done)
+            self._in_flight_records -= records
+            if slot:
+                self._flushing -= 1
+                self._slots.release()
+                self._wake.set()  # durable writers that waited for this flush may go
+
+        task.add_done_callback(finished)
+
+    async def _flush_quietly(self, batch: _Batch) -> None:
+        """The flusher's flush: a failure is logged, and the slot is held for one
+        ``flush_interval`` so the batch put back is not retried in a tight loop."""
+        try:
+            await self._flush_batch(batch)
+        except Exception:
+            log.exception("ledger flush failed; %d records kept for retry", self.pending)
+            await asyncio.sleep(self.settings.flush_interval)
+
+    async def _flush_batch(self, batch: _Batch) -> None:
+        """Store one batch; on an error put it back at the front of the buffer (nothing is
+        dropped: the next flush tries again) and raise."""
+        try:
+            await self._store(batch.records)
+        except BaseException:
+            self.stats.flush_errors += 1
+            self._put_back(batch)
+            raise
+        self._done(batch)
+
+    def _done(self, batch: _Batch) -> None:
+        for _, waiter in batch.waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        lag = (time.monotonic_ns() - batch.oldest_ns) / 1e6
+        self.stats.flushes += 1
+        self.stats.last_lag_ms = lag
+        self.stats.max_lag_ms = max(self.stats.max_lag_ms, lag)
+
+    def _overflow(self) -> None:
+        """The buffer is full (the store is slower than the writers): hand all of it to the
+        spool in a task of its own, so the loop neither blocks nor drops anything."""
+        batch = self._take(len(self._buffer))
+        if batch is None:
+            return
+        self.stats.overflowed += len(batch.records)
+        self._launch(self._spill_batch(batch), len(batch.records), slot=False)
+
+    async def _spill_batch(self, batch: _Batch) -> None:
+        try:
+            await self._spill(batch.records)
+        except Exception:
+            log.exception("ledger: spilling %d records to the spool failed; kept for a flush",
+                          len(batch.records))
+            self._put_back(batch)
+            return
+        self._done(batch)
 
     # -- reads (the stores of record answer them from their rollups and records) ---------
 
@@ -243,6 +402,11 @@ class Ledger(abc.ABC):
     async def _store(self, batch: list[UsageRecord]) -> None:
         """Make ``batch`` durable (stored or spooled), or raise and keep nothing half-done
         that a retry could double count."""
+
+    @abc.abstractmethod
+    async def _spill(self, batch: list[UsageRecord]) -> None:
+        """Keep ``batch`` durably aside for a later replay (the buffer overflowed), without
+        blocking the loop; raise if even that fails."""
 
     @abc.abstractmethod
     def _write_late(self, batch: list[UsageRecord]) -> None:

@@ -9,8 +9,8 @@ is measured for ``--seconds``:
 
 * ``buffered`` at each of ``--rates`` records/s: ``write_nowait`` per record (what
   ``store.ledger_durability: buffered`` does at a response's end), the flusher in the background.
-  ``max``: the producer tops the buffer up to 4 batches whenever it is below, so the store's own
-  pace sets the rate (the records/s it sustains).
+  ``max``: the producer tops the buffer (records waiting, not those in flight) up to 4
+  batches whenever it is below, so the store's own pace sets the rate (the records/s it sustains).
 * ``durable`` at each rate: ``write_durable`` per record (``ledger_durability: commit``, the
   default: the response's last bytes wait for the future), and the time from the call to the
   future's completion (the group-commit wait a response pays): p50/p99. ``max``:
@@ -36,9 +36,10 @@ timed). Figures per case:
   missed) per record: the database's cost, on its own processes, not the gateway's loop;
 * **lag max**: ``stats.max_lag_ms``, the longest a record waited before its flush committed.
 
-``--stores postgresql-main`` adds the store as it was on main before this branch's two changes
-to ``gateway/ledger/sql/postgres.py`` (the batch as one array per column; asyncpg's reset
-query after every pooled statement), on the same server, case by case beside the others.
+``--stores postgresql-main`` adds the store with the flusher as it was on main 1a5293a
+(``flush`` takes the whole buffer and loops while records arrive, one flush at a time;
+``MainFlusherPostgresLedger``) on the same server, case by case beside the others;
+``postgresql-hourly`` the store without the daily rollup's upsert (migration 5's cost).
 
 Then **bytes on disk per record**: PostgreSQL after ``VACUUM ANALYZE``: ``pg_total_relation_size``
 (heap, TOAST, every index) of the ``usage_records`` partitions and of ``usage_hourly``, over the
@@ -76,7 +77,7 @@ import msgspec
 from gateway.ledger import LedgerSettings, UsageRecord
 from gateway.ledger.sql import postgres as pg_store
 from gateway.ledger.sql.postgres import PostgresLedger
-from gateway.ledger.sql.schema import RECORD_COLUMNS, quoted, record_row
+from gateway.ledger.sql.schema import record_row
 from gateway.ledger.sql.sqlite import SqliteLedger
 from gateway.ledger.sql.store import SqlLedger
 from loadtest.bench.pgserver import PostgresServer
@@ -196,69 +197,62 @@ class _StepClock:
 
 
 def _timed(cls: type[SqlLedger]) -> type[SqlLedger]:
-    """``cls`` whose ``flush`` (every flush: the flusher's and the final drain) is clocked."""
+    """``cls`` whose every batch flush (the flusher's and the final drain) is clocked."""
 
     class Timed(cls):  # type: ignore[valid-type,misc]
         flush_ns = 0
 
-        async def flush(self) -> None:
-            await _StepClock(super().flush(), self)
+        async def _flush_batch(self, batch: Any) -> None:
+            await _StepClock(super()._flush_batch(batch), self)
 
     Timed.__name__ = f"Timed{cls.__name__}"
     return Timed
 
 
-# -- the flush as it was on main (7c073da): one array per column, the pool's reset query ------
-
-_COMPOSITE_SOURCE = "SELECT (r).* FROM unnest($1::usage_records[]) AS r"
-_TEXT = {"request_id", "tenant", "team", "organization", "key_id", "model", "upstream_model",
-         "request_class", "pool", "backend", "version", "batch_id", "outcome", "currency"}
+# -- the flusher as it was on main (1a5293a): flush loops while records arrive, one at a time --
 
 
-def _column_type(column: str) -> str:
-    if column in _TEXT:
-        return "text"
-    if column == "estimated":
-        return "boolean"
-    if column.endswith("_ms"):
-        return "bigint" if column == "ts_ms" else "float8"
-    return "bigint" if column.startswith("cost") else "integer"
+class MainFlusherPostgresLedger(PostgresLedger):
+    """``PostgresLedger`` with the flusher as on main 1a5293a, for ``--stores
+    postgresql-main``: every wake (``batch_size`` records, a durable writer, or the interval)
+    calls ``flush``, which takes the whole buffer and loops while records keep arriving, one
+    flush at a time. So the flusher's change is measured beside the store on one server in
+    one run (the store itself is the same)."""
+
+    async def _run_flusher(self) -> None:
+        interval = self.settings.flush_interval
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
+            self._wake.clear()
+            if self._buffer:
+                with contextlib.suppress(Exception):
+                    await self.flush()
 
 
-def _columns_statement() -> str:
-    """The store's flush statement with the batch sent as one array per column (the encoding
-    before commit 1db6e22), everything after the source unchanged."""
-    arrays = ", ".join(f"${i + 2}::{_column_type(c)}[]" for i, c in enumerate(RECORD_COLUMNS))
-    source = (f"SELECT DATE '1970-01-01' + day_n, {quoted(RECORD_COLUMNS)} FROM "
-              f"unnest($1::integer[], {arrays}) AS t(day_n, {quoted(RECORD_COLUMNS)})")
-    if _COMPOSITE_SOURCE not in pg_store._INSERT:
-        raise RuntimeError("the store's flush statement changed: update the bench's baseline")
-    return pg_store._INSERT.replace(_COMPOSITE_SOURCE, source)
-
-
-class MainPostgresLedger(PostgresLedger):
-    """``PostgresLedger`` as on main before this branch, for ``--stores postgresql-main``: the
-    per-column encoding (before 1db6e22) and asyncpg's reset query after every pooled
-    statement (before af3758d), so both changes are measured beside the store on one server
-    in one run."""
-
-    _statement = ""
-
-    async def _get_pool(self) -> Any:
-        pool = await super()._get_pool()
-        pool._reset = None  # asyncpg's default: Connection.reset(), a round trip per release
-        return pool
+class HourlyOnlyPostgresLedger(PostgresLedger):
+    """``PostgresLedger`` without the daily rollup's upsert (the flush statement before
+    migration 5), for ``--stores postgresql-hourly``: what maintaining ``usage_daily`` costs,
+    beside the store on one server in one run (its daily rows are then left empty)."""
 
     async def _insert(self, batch: Sequence[UsageRecord]) -> int:
-        if not self._statement:
-            type(self)._statement = _columns_statement()
         days = [r.ts_ms // 86_400_000 for r in batch]
-        missing = set(days) - self._partitions
-        if missing:
-            await self._make_partitions(missing)
-        rows = [record_row(r) for r in batch]
-        new = await self._run("fetchval", self._statement, days, *zip(*rows, strict=True))
+        if not self._partitions.issuperset(days):
+            await self._prepare(batch)
+        rows = [(pg_store._day(n), *record_row(r)) for n, r in zip(days, batch, strict=True)]
+        new = await self._run("fetchval", _HOURLY_ONLY, rows)
         return self._counted(len(rows), int(new))
+
+
+def _hourly_only() -> str:
+    statement = pg_store._INSERT
+    start = statement.index("), daily AS (")
+    end = statement.index("SELECT count(*) FROM new")
+    return statement[:start] + ")\n" + statement[end:]
+
+
+_HOURLY_ONLY = _hourly_only()
 
 
 # -- CPU of the database server ---------------------------------------------------------------
@@ -359,6 +353,7 @@ class _Sink:
 
     pending = 0
     flush_ns = 0
+    _buffer: list[UsageRecord] = []
 
     def write_nowait(self, record: UsageRecord) -> None:
         pass
@@ -388,7 +383,7 @@ async def _run_case(
         bound = MAX_BUFFER_BATCHES * batch_size
         while not stop.is_set():
             if rate is None:
-                due = bound - ledger.pending
+                due = bound - len(ledger._buffer)  # waiting, not in flight
             else:
                 due = int((time.perf_counter() - started) * rate) - written
             if due > 0:
@@ -476,7 +471,8 @@ class Stores:
         spool = self.workdir / f"spool-{store}-{secrets.token_hex(3)}"
         if store.startswith("postgresql"):
             assert self.pg_url is not None
-            cls = MainPostgresLedger if store == "postgresql-main" else PostgresLedger
+            cls = {"postgresql-main": MainFlusherPostgresLedger,
+                   "postgresql-hourly": HourlyOnlyPostgresLedger}.get(store, PostgresLedger)
             return _timed(cls)(self.pg_url, spool_dir=spool, migrate=True,
                                settings=self.settings)
         return _timed(SqliteLedger)(self.workdir / "ledger.db", spool_dir=spool,
@@ -515,7 +511,10 @@ async def pg_bytes(url: str) -> dict[str, Any]:
             SELECT coalesce(sum(pg_relation_size(c.oid)), 0) FROM pg_inherits i
             JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent
             WHERE p.relname = 'usage_records'""")
-        hourly = await conn.fetchval("SELECT pg_total_relation_size('usage_hourly')")
+        # the rollups: hourly and daily (migration 5), together
+        hourly = await conn.fetchval("SELECT pg_total_relation_size('usage_hourly') + "
+                                     "coalesce(pg_total_relation_size("
+                                     "to_regclass('usage_daily')), 0)")
         rows = await conn.fetchval("SELECT count(*) FROM usage_records")
         groups = await conn.fetchval("SELECT count(*) FROM usage_hourly")
     finally:
@@ -538,7 +537,7 @@ def _sqlite_bytes(path: Path) -> dict[str, Any]:
     finally:
         conn.close()
     total = path.stat().st_size
-    hourly = sum(v for k, v in sizes.items() if "hourly" in k) if sizes else None
+    hourly = sum(v for k, v in sizes.items() if "hourly" in k or "daily" in k) if sizes else None
     out = _bytes(rows, groups, records=total - (hourly or 0) if sizes else total, hourly=hourly)
     out["file_bytes"] = total
     return out
@@ -667,8 +666,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--stores", default="postgresql,sqlite",
-                   help="postgresql,sqlite (both); postgresql-main: the store as on main "
-                   "7c073da (one array per column, the pool's reset query), beside the others")
+                   help="postgresql,sqlite (both); postgresql-main: the store with main "
+                   "1a5293a's flusher (one flush at a time, looping); postgresql-hourly: without "
+                   "the daily rollup's upsert; beside the others")
     p.add_argument("--modes", default="buffered,durable", help="buffered,durable (both)")
     p.add_argument("--rates", default="1000,5000,20000,max",
                    help="records/s per case, 'max' = as fast as the store takes them")
@@ -694,7 +694,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if bad := set(args.stores) - {"postgresql", "postgresql-main", "sqlite"}:
+    if bad := set(args.stores) - {"postgresql", "postgresql-main", "postgresql-hourly",
+                                  "sqlite"}:
         p.error(f"unknown stores {sorted(bad)}")
     if bad := set(args.modes) - {"buffered", "durable"}:
         p.error(f"unknown modes {sorted(bad)}")

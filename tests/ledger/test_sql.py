@@ -98,15 +98,18 @@ async def test_migrated_tables_have_the_columns(make_sql: Callable[..., Any], di
                                   "WHERE table_name = $1 ORDER BY ordinal_position", table)
             records = [r[0] for r in await cols("usage_records")]
             rollups = [r[0] for r in await cols("usage_hourly")]
+            daily = [r[0] for r in await cols("usage_daily")]
         finally:
             await conn.close()
     else:
         conn = sqlite3.connect(parse_ledger_url(make_sql.url).target)  # type: ignore[attr-defined]
         records = [r[1] for r in conn.execute("PRAGMA table_info(usage_records)")]
         rollups = [r[1] for r in conn.execute("PRAGMA table_info(usage_hourly)")]
+        daily = [r[1] for r in conn.execute("PRAGMA table_info(usage_daily)")]
         conn.close()
     assert records == ["day", *RECORD_COLUMNS]
     assert rollups == ["hour_ms", *ROLLUP_KEYS, *ROLLUP_COUNTERS]
+    assert daily == ["day_ms", *ROLLUP_KEYS, *ROLLUP_COUNTERS]
 
 
 def test_sqlite_scripts_split_into_whole_statements() -> None:
@@ -186,6 +189,75 @@ async def test_migration_from_the_previous_version_backfills_rollups(
     (row,) = await all_rows(ledger, tenant, *day_span(records), ())
     assert row.requests == 50
     assert row.reasoning == sum(r.reasoning for r in records)
+
+
+async def test_migration_from_version_4_backfills_the_daily_rollups(
+    make_sql: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database at version 4 (records and hourly rollups, no daily ones) over several
+    days: migrating to 5 builds ``usage_daily`` from the hourly rollups; whole-day reads
+    (which read it) equal the records' sums, drift (which checks it) is empty, and records
+    written after the migration land in both rollups."""
+    import gateway.ledger.sql.postgres as pg_module
+    import gateway.ledger.sql.sqlite as sqlite_module
+
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    old = await make_sql(start=False)
+    monkeypatch.setattr(pg_module, "MIGRATIONS", MIGRATIONS[:1])
+    monkeypatch.setattr(sqlite_module, "MIGRATIONS", MIGRATIONS[:1])
+    assert await old.migrate() == [1]
+    start = (int(time.time() * 1000) // DAY_MS - 3) * DAY_MS
+    records = [record(tenant, ts_ms=start + i * 997_001, model=random.choice("ab"),
+                      estimated=i % 3 == 0, outcome="failed" if i % 5 == 0 else "completed")
+               for i in range(300)]  # about three and a half days
+    await _insert_raw(old, records)
+    monkeypatch.setattr(pg_module, "MIGRATIONS", MIGRATIONS[:4])
+    monkeypatch.setattr(sqlite_module, "MIGRATIONS", MIGRATIONS[:4])
+    assert await old.migrate() == [2, 3, 4]
+    assert await old._fetch("SELECT count(*) FROM usage_hourly", []) != [(0,)]
+    await old.close()
+    monkeypatch.undo()
+    ledger = await make_sql()  # migrates 5 at start
+    assert await ledger.applied_version() == SCHEMA_VERSION >= 5
+    (n,) = await ledger._fetch("SELECT count(*) FROM usage_daily", [])
+    assert n[0] > 0
+    later = [record(tenant, ts_ms=start + DAY_MS + i) for i in range(20)]
+    for r in later:
+        ledger.write_nowait(r)
+    await ledger.flush()
+    everything = records + later
+    await assert_reads_match(ledger, tenant, everything)  # rows, export, and no drift
+    lo, hi = day_span(everything)
+    assert lo % DAY_MS == 0 and hi % DAY_MS == 0  # whole days: answered from usage_daily
+    (row,) = await all_rows(ledger, tenant, lo, hi, ())
+    assert row.requests == 320 and row.failed == sum(r.outcome != "completed"
+                                                     for r in everything)
+    assert row.output == sum(r.output for r in everything)
+
+
+async def test_drift_checks_the_daily_rollups_too(make_sql: Callable[..., Any]) -> None:
+    """A daily rollup row edited by hand is a drift of grain "day" (the hourly ones agree)."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    ledger = await make_sql()
+    records = [record(tenant, output=5) for _ in range(10)]
+    for r in records:
+        ledger.write_nowait(r)
+    await ledger.flush()
+    day = date.fromisoformat(records[0].day)
+    assert await ledger.drift(tenant, day) == []
+    url = make_sql.url  # type: ignore[attr-defined]
+    edit = "UPDATE usage_daily SET output = output + 3 WHERE tenant = "
+    if url.startswith("postgresql"):
+        conn = await asyncpg.connect(url)
+        await conn.execute(edit + "$1", tenant)
+        await conn.close()
+    else:
+        with sqlite3.connect(parse_ledger_url(url).target) as conn:
+            conn.execute(edit + "?", (tenant,))
+    (drift,) = await ledger.drift(tenant, day)
+    assert (drift.grain, drift.counter, drift.rollup, drift.records) == ("day", "output",
+                                                                        53, 50)
+    assert f"{day} (daily)" in drift.describe()
 
 
 async def _insert_raw(ledger: SqlLedger, records: list[UsageRecord]) -> None:

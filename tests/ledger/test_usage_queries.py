@@ -277,39 +277,49 @@ async def test_reconcile_finds_a_hand_made_drift_and_nothing_else(db: Db) -> Non
     assert (ghost.counter, ghost.rollup, ghost.records) == ("requests", 2, 0)
 
 
-async def test_a_tenant_month_is_an_index_range_of_the_rollups(db: Db) -> None:
-    """The statement of a tenant's month reads ``usage_hourly`` through its primary key with
-    the tenant and the hour range as the index condition, among 200 tenants' rollups."""
+@pytest.mark.parametrize(("table", "time_column", "end"), [
+    ("usage_daily", "day_ms", 0),  # whole days: the daily rollups
+    ("usage_hourly", "hour_ms", -1),  # one ms short of midnight: the hourly ones
+])
+async def test_a_tenant_month_is_an_index_range_of_the_rollups(
+        db: Db, table: str, time_column: str, end: int) -> None:
+    """The statement of a tenant's month reads one rollup table through its primary key with
+    the tenant and the time range as the index condition, among 200 tenants' rollups: whole
+    UTC days grouped by day read ``usage_daily``, any other range ``usage_hourly``; both
+    give the same rows."""
     month_lo = JAN_15 + 17 * DAY
-    month_hi = month_lo + 29 * DAY
+    month_hi = month_lo + 29 * DAY + end
+    hourly = ("INSERT INTO usage_hourly (hour_ms, tenant, model, request_class, requests) "
+              f"SELECT {JAN_15} + (i % 1500) * {HOUR}, 't' || (i / 1500), 'm', 'c', 1 FROM ")
+    daily = ("INSERT INTO usage_daily (day_ms, tenant, model, request_class, requests) "
+             f"SELECT {JAN_15} + (i % 62) * {DAY}, 't' || (i / 62), 'm', 'c', 24 FROM ")
     if isinstance(db.ledger, SqliteLedger):
-        await db.execute(
-            "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 59999) "
-            "INSERT INTO usage_hourly (hour_ms, tenant, model, request_class, requests) "
-            f"SELECT {JAN_15} + (i % 1500) * {HOUR}, 't' || (i / 1500), 'm', 'c', 1 FROM n")
+        numbers = ("(WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n "
+                   "WHERE i < {}) SELECT i FROM n)")
+        await db.execute(hourly + numbers.format(59999))
+        await db.execute(daily + numbers.format(62 * 200 - 1))
         await db.execute("ANALYZE")
     else:
-        await db.execute(
-            "INSERT INTO usage_hourly (hour_ms, tenant, model, request_class, requests) "
-            f"SELECT {JAN_15} + (i % 1500) * {HOUR}, 't' || (i / 1500), 'm', 'c', 1 "
-            "FROM generate_series(0::bigint, 59999) AS i")
+        await db.execute(hourly + "generate_series(0::bigint, 59999) AS i")
+        await db.execute(daily + f"generate_series(0::bigint, {62 * 200 - 1}) AS i")
         await db.execute("ANALYZE usage_hourly")
+        await db.execute("ANALYZE usage_daily")
     query = UsageQuery.build(db.ledger.dialect, "t7", month_lo, month_hi, ("day", "model"))
     sql = query.sql
     if isinstance(db.ledger, SqliteLedger):
         with sqlite3.connect(db.ledger.path) as conn:
             plan = " ".join(str(r) for r in conn.execute("EXPLAIN QUERY PLAN " + sql,
                                                          query.params))
-        assert "SEARCH usage_hourly USING INDEX sqlite_autoindex_usage_hourly_1 " \
-               "(tenant=? AND hour_ms>? AND hour_ms<?)" in plan, plan
+        assert f"SEARCH {table} USING INDEX sqlite_autoindex_{table}_1 " \
+               f"(tenant=? AND {time_column}>? AND {time_column}<?)" in plan, plan
     else:
         conn = await asyncpg.connect(db.url)
         try:
             plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *query.params))
         finally:
             await conn.close()
-        assert "usage_hourly_pkey" in plan and "Seq Scan" not in plan, plan
-        assert "tenant = " in plan and "hour_ms >= " in plan, plan
+        assert f"{table}_pkey" in plan and "Seq Scan" not in plan, plan
+        assert "tenant = " in plan and f"{time_column} >= " in plan, plan
     page = await db.ledger.usage_rows("t7", month_lo, month_hi, ("day", "model"))
     assert [r.requests for r in page.rows] == [24] * 29
 

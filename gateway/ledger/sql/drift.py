@@ -1,4 +1,4 @@
-"""Reconciliation in SQL: a day's hourly rollups against the sum of that day's records.
+"""Reconciliation in SQL: a day's hourly and daily rollups against the sum of its records.
 
 The rollups grow in the same transaction that inserts the records, so for every hour and
 group they equal the records' sums; a difference means a bug, a hand edit or a partial
@@ -7,7 +7,9 @@ two statements: the day's rollup rows (a range of their primary key) and the day
 summed into the same groups (hour, key, model, class, version, batch, team, organization) the
 way the write path adds them (None as "", ``failed`` = outcome not completed). Every (hour,
 group, counter) whose figures differ is a :class:`Drift`, with both figures; a group present
-on one side only counts as zeros on the other.
+on one side only counts as zeros on the other. The day's ``usage_daily`` rows (a third
+statement, ``daily_statement``) are compared with the same records summed over the whole day
+(``grain`` "day": ``hour`` is then the day's midnight).
 
 The records of days past retention are gone while their rollups stay: reconcile only days
 that still have records (the CLI skips the others).
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 
     from gateway.ledger.sql.migrations import Dialect
 
-__all__ = ["Drift", "compare", "day_statements"]
+__all__ = ["Drift", "compare", "daily_statement", "day_statements"]
 
 #: the group columns after ``tenant`` and ``hour_ms``
 _GROUP = ROLLUP_KEYS[1:]
@@ -51,11 +53,14 @@ class Drift(msgspec.Struct, frozen=True, kw_only=True):
     counter: str
     rollup: int
     records: int
+    #: which rollups: "hour" (``usage_hourly``) or "day" (``usage_daily``)
+    grain: str = "hour"
 
     def describe(self) -> str:
         """One line: where, which counter, both figures."""
         group = " ".join(f"{name}={getattr(self, name)!r}" for name in _GROUP)
-        return (f"{self.tenant} {self.hour} {group}: {self.counter} rollup={self.rollup} "
+        where = self.hour if self.grain == "hour" else f"{self.hour[:10]} (daily)"
+        return (f"{self.tenant} {where} {group}: {self.counter} rollup={self.rollup} "
                 f"records={self.records} (diff {self.rollup - self.records:+d})")
 
 
@@ -86,11 +91,22 @@ def day_statements(dialect: Dialect, tenant: str, day: date
     return (rollups, rp.values), (records, cp.values)
 
 
-def _by_group(rows: Sequence[Sequence[Any]]) -> dict[tuple[Any, ...], tuple[int, ...]]:
+def daily_statement(dialect: Dialect, tenant: str, day: date) -> tuple[str, list[Any]]:
+    """The ``usage_daily`` rows of ``tenant``'s ``day``: ``day_ms``, the group columns, then
+    ``ROLLUP_COUNTERS`` (compared with the records statement of ``day_statements``)."""
+    p = Params(dialect)
+    return (f"SELECT day_ms, {', '.join(_GROUP)}, {quoted(ROLLUP_COUNTERS)} "
+            f"FROM usage_daily WHERE tenant = {p.add(tenant, 'text')} "
+            f"AND day_ms = {p.add(_day_ms(day), 'bigint')}"), p.values
+
+
+def _by_group(rows: Sequence[Sequence[Any]], grain_ms: int = HOUR_MS
+              ) -> dict[tuple[Any, ...], tuple[int, ...]]:
     n = len(_GROUP) + 1
     out: dict[tuple[Any, ...], tuple[int, ...]] = {}
     for row in rows:
-        key = (int(row[0]), *(str(v) for v in row[1:n]))
+        start = int(row[0])
+        key = (start - start % grain_ms, *(str(v) for v in row[1:n]))
         counters = tuple(int(v or 0) for v in row[n:])
         previous = out.get(key)
         if previous is not None:  # cannot happen for a primary key; summed all the same
@@ -100,9 +116,11 @@ def _by_group(rows: Sequence[Sequence[Any]]) -> dict[tuple[Any, ...], tuple[int,
 
 
 def compare(tenant: str, rollup_rows: Sequence[Sequence[Any]],
-            record_rows: Sequence[Sequence[Any]]) -> list[Drift]:
-    """Every (hour, group, counter) where the rollups and the records' sums differ."""
-    rollups, records = _by_group(rollup_rows), _by_group(record_rows)
+            record_rows: Sequence[Sequence[Any]], *, grain: str = "hour") -> list[Drift]:
+    """Every (hour or day, group, counter) where the rollups and the records' sums differ;
+    ``record_rows`` are by hour either way (``day_statements``)."""
+    grain_ms = HOUR_MS if grain == "hour" else DAY_MS
+    rollups, records = _by_group(rollup_rows, grain_ms), _by_group(record_rows, grain_ms)
     zeros = (0,) * len(ROLLUP_COUNTERS)
     drifts: list[Drift] = []
     for key in sorted(set(rollups) | set(records)):
@@ -114,5 +132,5 @@ def compare(tenant: str, rollup_rows: Sequence[Sequence[Any]],
         for counter, a, b in zip(ROLLUP_COUNTERS, stored, summed, strict=True):
             if a != b:
                 drifts.append(Drift(tenant=tenant, hour=iso_hour(hour_ms), counter=counter,
-                                    rollup=a, records=b, **names))
+                                    rollup=a, records=b, grain=grain, **names))
     return drifts

@@ -14,13 +14,16 @@ migrated it: upgrade this one).
 2. ``usage_hourly``: the rollups, back-filled from the records already there; maintained from
    then on in the same transaction as the records (PostgreSQL: the store's insert statement;
    SQLite: a trigger on insert).
-3. ``stored_responses``: Responses answers kept for ``previous_response_id`` and retrieval.
+3. ``stored_responses``: the Responses API's stored responses (``store: true``), kept for
+   ``previous_response_id`` and retrieval: one row per response id with its tenant, its expiry
+   (indexed, for the retention sweep), the client's request, the chat messages it was
+   translated to and the response object, each as JSON text (``responses.py``).
 4. ``usage_records.api``: the client API of the request (chat, completions, embeddings,
    responses, messages); records written before it read as ``chat``.
-3. ``stored_responses``: the Responses API's stored responses (``store: true``), one row per
-   response id with its tenant, its expiry (indexed, for the retention sweep), the client's
-   request, the chat messages it was translated to and the response object, each as JSON
-   text (read and written by ``responses.py``).
+5. ``usage_daily``: the rollups by UTC day (same group, same counters), back-filled from
+   ``usage_hourly`` and maintained beside it in the same transaction (PostgreSQL: the store's
+   insert statement; SQLite: a second trigger). A month read grouped by day or month (no
+   hour) sums at most 31 rows a group instead of 744 (``usage_query.py``).
 """
 
 from __future__ import annotations
@@ -161,6 +164,46 @@ CREATE INDEX stored_responses_expires ON stored_responses (expires_ms);
 """
 
 
+# -- 5: the daily rollups ---------------------------------------------------------------------
+def _daily_table(text: str, bigint: str) -> str:
+    keys = " ".join(f"{k} {text} NOT NULL DEFAULT ''," for k in _KEYS)
+    counters = ", ".join(f'"{c}" {bigint} NOT NULL DEFAULT 0' for c in _COUNTERS)
+    return f"""
+CREATE TABLE usage_daily (
+    day_ms {bigint} NOT NULL, {keys} {counters},
+    PRIMARY KEY (tenant, day_ms, key_id, model, request_class, version, batch_id, team,
+                 organization));
+"""
+
+
+def _daily_backfill() -> str:
+    """The days of the hourly rollups already there (the records may be past retention)."""
+    sums = ", ".join(f'sum("{c}")' for c in _COUNTERS)
+    keys = ", ".join(_KEYS)
+    return f"""
+INSERT INTO usage_daily (day_ms, {keys}, {", ".join(f'"{c}"' for c in _COUNTERS)})
+SELECT hour_ms - hour_ms % 86400000, {keys}, {sums}
+FROM usage_hourly
+GROUP BY hour_ms - hour_ms % 86400000, {keys};
+"""
+
+
+def _sqlite_daily_trigger() -> str:
+    keys = ", ".join(f"coalesce(NEW.{k}, '')" for k in _KEYS)
+    values = ", ".join(f'NEW."{c}"' for c in _SUMMED)
+    updates = ", ".join(f'"{c}" = "{c}" + excluded."{c}"' for c in _COUNTERS)
+    return f"""
+CREATE TRIGGER usage_daily_on_insert AFTER INSERT ON usage_records BEGIN
+INSERT INTO usage_daily (day_ms, {", ".join(_KEYS)}, {", ".join(f'"{c}"' for c in _COUNTERS)})
+VALUES (NEW.ts_ms - NEW.ts_ms % 86400000, {keys}, 1,
+        CASE WHEN NEW.outcome <> 'completed' THEN 1 ELSE 0 END,
+        CASE WHEN NEW.estimated THEN 1 ELSE 0 END, {values})
+ON CONFLICT (tenant, day_ms, key_id, model, request_class, version, batch_id, team,
+             organization) DO UPDATE SET {updates};
+END;
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "usage records", _SCHEMA_TABLE_PG + _RECORDS_PG,
               _SCHEMA_TABLE_SQLITE + _RECORDS_SQLITE),
@@ -171,6 +214,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "the client API on each record",
               "ALTER TABLE usage_records ADD COLUMN api text NOT NULL DEFAULT 'chat';\n",
               "ALTER TABLE usage_records ADD COLUMN api TEXT NOT NULL DEFAULT 'chat';\n"),
+    Migration(5, "daily rollups", _daily_table("text", "bigint") + _daily_backfill(),
+              _daily_table("TEXT", "INTEGER") + _daily_backfill() + _sqlite_daily_trigger()),
 )
 
 #: the schema version this gateway reads and writes

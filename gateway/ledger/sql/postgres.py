@@ -2,10 +2,10 @@
 
 A flush is one statement in one transaction: the batch travels as one array of the table's
 rows (``unnest($1::usage_records[])``: asyncpg's binary encoding, one round trip for hundreds
-of records), the records
-are inserted with ``ON CONFLICT (day, request_id) DO NOTHING``, and the ones that were new are
-summed into ``usage_hourly`` with ``ON CONFLICT ... DO UPDATE`` in the same statement, groups
-in key order so replicas flushing at once lock rollup rows in one order and cannot deadlock.
+of records), the records are inserted with ``ON CONFLICT (day, request_id) DO NOTHING``, and
+the ones that were new are summed into ``usage_hourly`` and ``usage_daily`` with ``ON CONFLICT
+... DO UPDATE`` in the same statement, groups in key order so replicas flushing at once lock
+rollup rows in one order and cannot deadlock.
 A commit is PostgreSQL's acknowledgement: durable under its own ``synchronous_commit``.
 
 ``usage_records`` is partitioned by day. A day's partition is created the first time a batch
@@ -52,6 +52,24 @@ _SUMMED = ("system", "history", "new", "tools", "cached", "cache_write", "output
 _COUNTERS = ("requests", "failed", "estimated", *_SUMMED)
 
 
+def _rollup_upsert(table: str, grain_ms: int, time_column: str) -> str:
+    """The CTE body adding the batch's new records to one rollup table: summed per group
+    (once per group per batch), groups in key order so replicas flushing at once lock rollup
+    rows in one order."""
+    group = ", ".join(f"coalesce({k}, '')" for k in ROLLUP_KEYS)
+    sums = ", ".join(f'sum("{c}")' for c in _SUMMED)
+    updates = ", ".join(f'"{c}" = {table}."{c}" + excluded."{c}"' for c in _COUNTERS)
+    positions = ", ".join(str(i + 1) for i in range(len(ROLLUP_KEYS) + 1))
+    return f"""
+    INSERT INTO {table} ({time_column}, {", ".join(ROLLUP_KEYS)}, {quoted(_COUNTERS)})
+    SELECT ts_ms - ts_ms % {grain_ms}, {group}, count(*),
+           sum(CASE WHEN outcome <> 'completed' THEN 1 ELSE 0 END),
+           sum(CASE WHEN estimated THEN 1 ELSE 0 END), {sums}
+    FROM new GROUP BY {positions} ORDER BY {positions}
+    ON CONFLICT (tenant, {time_column}, key_id, model, request_class, version, batch_id, team,
+                 organization) DO UPDATE SET {updates}"""
+
+
 def _insert_statement() -> str:
     """The flush: ``$1`` is one array of ``usage_records`` rows (the table's own row type: day,
     then ``RECORD_COLUMNS``, the order ``tests/ledger/test_sql.py`` checks). One array of
@@ -59,25 +77,16 @@ def _insert_statement() -> str:
     for a nested array through ``isinstance`` against ``collections.abc`` classes, about 40
     such checks a record with one array per column, a few with the composite. Measured on
     batches of 256 (``loadtest/bench/LEDGER.md``): 11-12 us of loop CPU a record with 40
-    arrays, 6.5-7 with one, the same PostgreSQL CPU."""
-    group = ", ".join(f"coalesce({k}, '')" for k in ROLLUP_KEYS)
-    sums = ", ".join(f'sum("{c}")' for c in _SUMMED)
-    updates = ", ".join(f'"{c}" = usage_hourly."{c}" + excluded."{c}"' for c in _COUNTERS)
-    positions = ", ".join(str(i + 1) for i in range(len(ROLLUP_KEYS) + 1))
+    arrays, 6.5-7 with one, the same PostgreSQL CPU. The new records go into both rollups,
+    hourly then daily (every flush locks them in that order)."""
     return f"""
 WITH new AS (
     INSERT INTO usage_records (day, {quoted(RECORD_COLUMNS)})
     SELECT (r).* FROM unnest($1::usage_records[]) AS r
     ON CONFLICT (day, request_id) DO NOTHING
     RETURNING *
-), rolled AS (
-    INSERT INTO usage_hourly (hour_ms, {", ".join(ROLLUP_KEYS)}, {quoted(_COUNTERS)})
-    SELECT ts_ms - ts_ms % 3600000, {group}, count(*),
-           sum(CASE WHEN outcome <> 'completed' THEN 1 ELSE 0 END),
-           sum(CASE WHEN estimated THEN 1 ELSE 0 END), {sums}
-    FROM new GROUP BY {positions} ORDER BY {positions}
-    ON CONFLICT (tenant, hour_ms, key_id, model, request_class, version, batch_id, team,
-                 organization) DO UPDATE SET {updates}
+), hourly AS ({_rollup_upsert("usage_hourly", 3_600_000, "hour_ms")}
+), daily AS ({_rollup_upsert("usage_daily", 86_400_000, "day_ms")}
 )
 SELECT count(*) FROM new
 """
@@ -134,7 +143,8 @@ class PostgresLedger(SqlLedger):
         spool_dir: where records wait while the database is away (local disk).
         settings: batching and retention.
         migrate: apply missing migrations at start instead of refusing to start.
-        pool_size: connections at most (flushes run one at a time; reads and replay share).
+        pool_size: connections at most (``settings.in_flight`` flushes at once, opened at
+            start; reads and replay share the rest).
         connect_timeout: bound of one connection attempt, seconds.
     """
 
@@ -169,8 +179,11 @@ class PostgresLedger(SqlLedger):
         async with self._pool_lock:
             if self._pool is None:
                 try:
+                    # a connection per flush in flight from the start: opening one later
+                    # (a fork on the server, asyncpg's type introspection) lands on a flush
                     self._pool = await asyncpg.create_pool(
-                        self._dsn, min_size=1, max_size=self._pool_size,
+                        self._dsn, min_size=min(self._pool_size, self.settings.in_flight),
+                        max_size=self._pool_size,
                         timeout=self._connect_timeout, command_timeout=None,
                         reset=_keep_session,
                         server_settings={"application_name": "llm-gateway-ledger"})
@@ -246,11 +259,18 @@ class PostgresLedger(SqlLedger):
 
     # -- writing -----------------------------------------------------------------------------
 
+    async def _prepare(self, batch: Sequence[UsageRecord]) -> None:
+        """Create the days' partitions the batch needs: ``deadline`` for each (one a day in
+        production; a replay of old records may need dozens, ~30 ms each on this box)."""
+        missing = {r.ts_ms // 86_400_000 for r in batch} - self._partitions
+        if missing:
+            async with asyncio.timeout(self._deadline * len(missing)):
+                await self._make_partitions(missing)
+
     async def _insert(self, batch: Sequence[UsageRecord]) -> int:
         days = [r.ts_ms // 86_400_000 for r in batch]
-        missing = set(days) - self._partitions
-        if missing:
-            await self._make_partitions(missing)
+        if not self._partitions.issuperset(days):  # not prepared (a direct call)
+            await self._prepare(batch)
         rows = [(_day(n), *record_row(r)) for n, r in zip(days, batch, strict=True)]
         new = await self._run("fetchval", _INSERT, rows)
         return self._counted(len(rows), int(new))

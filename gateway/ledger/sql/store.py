@@ -10,11 +10,12 @@ spool once the database answers, and once at start for whatever a crashed proces
 batch the database refuses for its content (not an outage: a bug) is retried record by record
 and the records it still refuses are quarantined in the spool directory, never dropped.
 
-Reads answer from ``usage_hourly``: the totals of a day or a month are one indexed range of a
-tenant's rollup rows, whatever the number of records behind them (``usage_rows``: any
-grouping, keyset pages, see ``usage_query.py``). ``export`` streams records in keyset chunks
-(one chunk in memory at a time, no transaction held between chunks); ``drift`` compares one
-tenant's day of rollups with the sum of its records, both read in one snapshot.
+Reads answer from ``usage_hourly`` (``usage_daily`` for whole days not grouped by hour): the
+totals of a day or a month are one indexed range of a tenant's rollup rows, whatever the number
+of records behind them (``usage_rows``: any grouping, keyset pages, see ``usage_query.py``).
+``export`` streams records in keyset chunks (one chunk in memory at a time, no transaction held
+between chunks); ``drift`` compares one tenant's day of rollups with the sum of its records,
+both read in one snapshot.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from gateway.ledger.base import Ledger, LedgerSettings
 from gateway.ledger.errors import LedgerUnavailable
 from gateway.ledger.record import UsageRecord
 from gateway.ledger.spool import Spool
-from gateway.ledger.sql.drift import compare, day_statements
+from gateway.ledger.sql.drift import compare, daily_statement, day_statements
 from gateway.ledger.sql.migrations import SchemaMismatch, verdict
 from gateway.ledger.sql.params import Params, ordered
 from gateway.ledger.sql.schema import RECORD_COLUMNS, quoted
@@ -119,6 +120,12 @@ class SqlLedger(Ledger):
         returns how many were new. Raises ``LedgerUnavailable`` for an outage, anything
         else for a refusal."""
 
+    async def _prepare(self, batch: Sequence[UsageRecord]) -> None:
+        """What must exist before ``batch`` can be inserted (PostgreSQL: its days'
+        partitions), bounded by the store itself (``deadline`` per thing made), so a batch
+        that opens many days (a replay) does not spend the insert's deadline on DDL.
+        Raises like ``_insert`` (a ``TimeoutError`` for a database that does not answer)."""
+
     @abc.abstractmethod
     async def _probe(self) -> None:
         """A cheap round trip; raises ``LedgerUnavailable`` when the database is away."""
@@ -183,6 +190,10 @@ class SqlLedger(Ledger):
         await self.spool.append(batch)
         self.stats.spooled += len(batch)
 
+    async def _spill(self, batch: list[UsageRecord]) -> None:
+        await self.spool.append(batch)
+        self.stats.spooled += len(batch)
+
     def _write_late(self, batch: list[UsageRecord]) -> None:
         self.spool.append_sync(batch)
         self.stats.spooled += len(batch)
@@ -196,6 +207,7 @@ class SqlLedger(Ledger):
         for i in range(0, len(batch), size):
             chunk = batch[i : i + size]
             try:
+                await self._prepare(chunk)
                 async with asyncio.timeout(self._deadline + 0.001 * len(chunk)):
                     new += await self._insert(chunk)
             except (LedgerUnavailable, TimeoutError) as exc:
@@ -360,11 +372,14 @@ class SqlLedger(Ledger):
         return sql, p.values
 
     async def drift(self, tenant: str, day: date) -> list[Drift]:
-        """The day's rollup rows and its records summed the same way (``drift.py``), both
-        read in one snapshot, so records landing meanwhile are on both sides or neither."""
+        """The day's hourly and daily rollup rows and its records summed the same way
+        (``drift.py``), read in one snapshot, so records landing meanwhile are on every side
+        or none."""
         rollups, records = day_statements(self.dialect, tenant, day)
-        rollup_rows, record_rows = await self._fetch_all([rollups, records])
-        return compare(tenant, rollup_rows, record_rows)
+        daily = daily_statement(self.dialect, tenant, day)
+        rollup_rows, record_rows, daily_rows = await self._fetch_all([rollups, records, daily])
+        return (compare(tenant, rollup_rows, record_rows)
+                + compare(tenant, daily_rows, record_rows, grain="day"))
 
 
 _TS = RECORD_COLUMNS.index("ts_ms")

@@ -24,11 +24,22 @@ and back; each side's answer is checked in its own API first. ``--stream`` measu
 of 64 chunks instead of whole answers. The CPU per request (and per chunk, for streams) of
 each side, and the per-pair ratios of it (B/A) with their quartiles, are the cost of the
 translation on the same build, same run.
+
+The two sides may also differ by their stores. ``--redis`` starts a redis-server and
+``--postgres`` a PostgreSQL (``pgserver``, migrated with this tree's migrations), both pinned to
+``--backend-cpu``; their URLs replace ``{redis_url}`` and ``{postgres_url}`` in ``--a``/``--b``.
+``--a-store``/``--b-store`` ``"name=value ..."`` add ``store:`` options to that side's policy
+(``ledger_durability=buffered``). A side's environment may name another tree
+(``PYTHONPATH=/work/wt/old``): the Redis ledger against the PostgreSQL one is
+
+    --redis --postgres --a "PYTHONPATH=<tree with the Redis ledger> GATEWAY_REDIS_URL={redis_url}"
+    --b "GATEWAY_LEDGER_URL={postgres_url} GATEWAY_REDIS_URL={redis_url}"
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -56,6 +67,60 @@ def _env(spec: str) -> dict[str, str]:
     return out
 
 
+def _filled(env: dict[str, str], urls: dict[str, str]) -> dict[str, str]:
+    """``env`` with ``{redis_url}`` / ``{postgres_url}`` replaced by the servers' URLs."""
+    out = {}
+    for name, value in env.items():
+        for field, url in urls.items():
+            value = value.replace("{" + field + "}", url)
+        if "{redis_url}" in value or "{postgres_url}" in value:
+            raise SystemExit(f"{name}={value}: start the server with --redis / --postgres")
+        out[name] = value
+    return out
+
+
+def _pin(pid: int, cpus: str | None) -> None:
+    """Pin a server (and the processes it forks from now on) to ``cpus`` ("1", "0,1")."""
+    if cpus:
+        os.sched_setaffinity(pid, {int(c) for c in cpus.split(",")})
+
+
+def _start_servers(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, str]:
+    """The ``--redis`` / ``--postgres`` servers of the run; their URLs by field name."""
+    urls: dict[str, str] = {}
+    if args.redis:
+        from loadtest.bench.redis_local import redis_server
+
+        urls["redis_url"] = stack.enter_context(redis_server())
+        port = int(urls["redis_url"].rsplit(":", 1)[1])
+        for proc in Path("/proc").iterdir():  # the redis-server just started, by its port
+            with contextlib.suppress(OSError, ValueError):
+                if f"--port\0{port}\0" in (proc / "cmdline").read_text():
+                    _pin(int(proc.name), args.backend_cpu or None)
+    if args.postgres:
+        import asyncio
+
+        from gateway.ledger.sql.postgres import PostgresLedger
+        from loadtest.bench.pgserver import PostgresServer
+
+        server = stack.enter_context(PostgresServer().start())
+        assert server.proc is not None
+        _pin(server.proc.pid, args.backend_cpu or None)
+        urls["postgres_url"] = server.url
+
+        async def migrate() -> list[int]:
+            spool = Path(tempfile.mkdtemp(prefix="ab-migrate-"))
+            ledger = PostgresLedger(server.url, spool_dir=spool)
+            try:
+                return await ledger.migrate()
+            finally:
+                await ledger.close()
+                shutil.rmtree(spool, ignore_errors=True)
+
+        print(f"[ab] postgresql {server.url}: migrations {asyncio.run(migrate())}", flush=True)
+    return urls
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -73,6 +138,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the API set-up A's client speaks (chat)")
     p.add_argument("--b-api", choices=sorted(payloads.API_PATHS), default="chat",
                    help="the API set-up B's client speaks (chat); the backend speaks chat only")
+    p.add_argument("--a-store", default="", help="store: options of A's policy, "
+                   "'name=value ...' (ledger_durability=buffered)")
+    p.add_argument("--b-store", default="", help="store: options of B's policy")
+    p.add_argument("--redis", action="store_true",
+                   help="start a redis-server; its URL fills {redis_url} in --a/--b")
+    p.add_argument("--postgres", action="store_true",
+                   help="start a PostgreSQL (migrated); its URL fills {postgres_url} in --a/--b")
     p.add_argument("--stream", action="store_true",
                    help="streamed requests (64 chunks each) instead of whole answers")
     p.add_argument("--quotas", action="store_true",
@@ -99,14 +171,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _start(args: argparse.Namespace, procs: ProcessSet, workdir: Path, env: dict[str, str],
-           backend_port: int, api_key: str, label: str, api: str) -> tuple[Any, int]:
+           backend_port: int, api_key: str, label: str, api: str,
+           store: dict[str, str] | None = None) -> tuple[Any, int]:
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)  # the gateway child inherits it
     try:
         (port,) = free_ports(1)
         gw = gateway.start(procs, workdir, template=gateway.default_command(), api_key=api_key,
                            port=port, backend_port=backend_port, cpus=args.proxy_cpu or None,
-                           label=label, quotas=args.quotas,
+                           label=label, quotas=args.quotas, store=store,
                            log_shim=args.log_sink == "pipe", log_shim_cpus=args.client_cpu or None)
     finally:
         for name, value in saved.items():
@@ -148,7 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     tools = ensure_tools()
     workdir = Path(tempfile.mkdtemp(prefix="overhead-ab-"))
     procs = ProcessSet()
-    sides = {args.a_name: _env(args.a), args.b_name: _env(args.b)}
+    stack = contextlib.ExitStack()
+    urls = _start_servers(args, stack)
+    sides = {args.a_name: _filled(_env(args.a), urls), args.b_name: _filled(_env(args.b), urls)}
+    stores = {args.a_name: _env(args.a_store), args.b_name: _env(args.b_store)}
     apis = {args.a_name: args.a_api, args.b_name: args.b_api}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     try:
@@ -169,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             env.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://{HOST}:{ports.json}")
         names = list(sides)
         live = {name: _start(args, procs, workdir, sides[name], ports.for_mode(args.stream),
-                             api_key, name, apis[name]) for name in names}
+                             api_key, name, apis[name], stores[name] or None) for name in names}
         if args.warmup:
             for name in names:
                 _window(args, tools, *live[name], apis[name], scripts[name], args.warmup)
@@ -183,9 +259,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{run['cpu_us_per_request']:6.1f} µs CPU/request", flush=True)
     finally:
         procs.stop_all()
+        stack.close()
         shutil.rmtree(workdir, ignore_errors=True)
     a, b = (runs[n] for n in names)
     summary = summarize(names, sides, apis, a, b, window_s=args.duration, stream=args.stream)
+    summary["stores"] = stores
     print(report(summary))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
