@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import random
 import time
 from collections import deque
@@ -42,6 +43,7 @@ __all__ = ["PoolState"]
 
 _TTFT_WINDOW = 256  # recent TTFT observations kept for the p90 that borrowing reads
 _RATE_HALF_LIFE = 5.0  # seconds; decay of the completion-rate estimate
+_RATE_MIN_SAMPLES = 8  # completions before the rate is trusted to refuse a waiter early
 _PRESSURE_WINDOW = 10.0  # seconds a higher class counts as using the pool after its last request
 _TOKENS_ALPHA = 0.1  # weight of the newest prompt in the own-class typical prompt size
 
@@ -93,8 +95,12 @@ class PoolState:
         self._rng = random.Random()
         self._ttfts: deque[float] = deque(maxlen=_TTFT_WINDOW)
         self._p90_cache = (0.0, 0.0)  # (computed at, value)
-        self._rate = 0.0  # completions per second (decaying)
-        self._rate_at = time.monotonic()
+        # completions per second: an exponentially decayed count of completions over the
+        # decayed time since the first (``_completion_rate``)
+        self._decayed = 0.0  # completions, each decayed by its age (half-life _RATE_HALF_LIFE)
+        self._rate_at = 0.0  # when ``_decayed`` was last brought up to date
+        self._first_done = 0.0  # when the first completion was seen
+        self._done = 0  # completions seen (the estimate is trusted from _RATE_MIN_SAMPLES)
         self.predictor = Predictor()
         #: priority of the pool's own class (set by the router; None: unknown, no throttling)
         self.own_priority: int | None = None
@@ -411,18 +417,36 @@ class PoolState:
             loop.time() + max(0.0, when - time.monotonic()) + 1e-3, self.dispatch)
 
     # --- queue estimates
-    def _count_completion(self) -> None:
-        now = time.monotonic()
-        elapsed = now - self._rate_at
-        decay = 0.5 ** (elapsed / _RATE_HALF_LIFE)
-        self._rate = self._rate * decay + (1 - decay) * (1.0 / max(elapsed, 1e-3))
-        self._rate_at = now
+    def _count_completion(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if not self._done:  # the first completion starts the clock: n more take n intervals
+            self._first_done = self._rate_at = now
+        else:
+            self._decayed = self._decayed * 0.5 ** ((now - self._rate_at) / _RATE_HALF_LIFE) + 1
+            self._rate_at = now
+        self._done += 1
+
+    def _completion_rate(self, now: float) -> float:
+        """Completions per second lately; 0 until there are enough to say.
+
+        The decayed count divided by the decayed time it was gathered over (the integral of the
+        decay since the first completion), which is unbiased from the first seconds on: the
+        previous estimate, an average of 1 / (time since the last completion), read a pool's
+        first completion after an idle spell as a rate near zero and refused its first waiters
+        as unable to start before their deadline."""
+        if self._done < _RATE_MIN_SAMPLES:
+            return 0.0
+        half = _RATE_HALF_LIFE
+        count = self._decayed * 0.5 ** ((now - self._rate_at) / half)
+        span = (1 - 0.5 ** ((now - self._first_done) / half)) * half / math.log(2)
+        return count / span if span > 0 else 0.0
 
     def _expected_wait(self, ahead: int) -> float:
         """Seconds until a request behind ``ahead`` others starts, from the completion rate."""
-        if self._rate <= 0:
+        rate = self._completion_rate(time.monotonic())
+        if rate <= 0:
             return 0.0  # no data: let it wait up to its deadline
-        return (ahead + 1) / self._rate
+        return (ahead + 1) / rate
 
     def _retry_after(self, ahead: int) -> int:
         return max(1, min(60, round(self._expected_wait(ahead)) or 1))

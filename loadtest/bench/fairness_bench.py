@@ -109,8 +109,21 @@ def arrivals(rate: float, duration: float, seed: int) -> list[float]:
     return out
 
 
+def output_length(mean: int, spread: float, tenant: str, index: int, seed: int) -> int:
+    """Request ``index`` of ``tenant``'s output tokens: uniform in mean x [1 - spread,
+    1 + spread], seeded (the same in every scenario). Equal lengths (spread 0) keep a
+    saturated pool in lockstep: every slot frees in the same instant, every few seconds, so a
+    newcomer waits for the next wave whatever the queue's order; real outputs vary."""
+    if spread <= 0:
+        return mean
+    rng = random.Random(f"{seed}:{tenant}:{index}")
+    low, high = max(1, round(mean * (1 - spread))), max(1, round(mean * (1 + spread)))
+    return rng.randint(low, high)
+
+
 async def open_loop(url: str, plan: dict[str, list[float]], duration: float, prompt: int,
-                    output: int) -> tuple[dict[str, Tenant], list[float]]:
+                    output: int, spread: float = 0.0, seed: int = 0
+                    ) -> tuple[dict[str, Tenant], list[float]]:
     """Each tenant's requests at their planned times; tokens counted inside the window. Also
     the round trips of ``GET /healthz`` every 0.2 s: how late the gateway's (and this
     client's) event loop runs on a shared box, apart from any queue."""
@@ -122,11 +135,12 @@ async def open_loop(url: str, plan: dict[str, list[float]], duration: float, pro
         start = time.perf_counter()
         end = start + duration
 
-        async def at(when: float, tenant: str) -> None:
+        async def at(when: float, tenant: str, index: int) -> None:
             delay = start + when - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await _one(session, url, tenant, prompt, output, results[tenant], end)
+            length = output_length(output, spread, tenant, index, seed)
+            await _one(session, url, tenant, prompt, length, results[tenant], end)
 
         async def probe() -> None:
             while time.perf_counter() < end:
@@ -136,7 +150,8 @@ async def open_loop(url: str, plan: dict[str, list[float]], duration: float, pro
                 probes.append(time.perf_counter() - t0)
                 await asyncio.sleep(0.2)
 
-        await asyncio.gather(probe(), *(at(w, t) for t, times in plan.items() for w in times))
+        await asyncio.gather(probe(), *(at(w, t, i) for t, times in plan.items()
+                                        for i, w in enumerate(times)))
     return results, probes
 
 
@@ -269,7 +284,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="engine time scale (0.25: modelled times x4, so fewer requests/s load "
                    "the 2-core box for the same queueing)")
     p.add_argument("--prompt", type=int, default=256, help="prompt tokens (256)")
-    p.add_argument("--output", type=int, default=64, help="output tokens (64)")
+    p.add_argument("--output", type=int, default=64, help="mean output tokens (64)")
+    p.add_argument("--output-spread", type=float, default=0.75,
+                   help="each request's output tokens uniform in mean x [1 - s, 1 + s], seeded "
+                   "(0.75); 0: every request the same length (a saturated pool then frees its "
+                   "slots in lockstep waves)")
     p.add_argument("--b-share", type=float, default=0.15,
                    help="B's rate as a share of the measured capacity (0.15: well inside its "
                    "fair share of 0.5)")
@@ -317,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
             with Gateway(tmp, name, policy(urls, args.slots, fair, args.deadline), env) as gw:
                 print(f"[fairness-bench] {name}", file=sys.stderr, flush=True)
                 res, probes = asyncio.run(open_loop(gw.url, plan, args.duration, args.prompt,
-                                                    args.output))
+                                                    args.output, args.output_spread,
+                                                    args.seed))
                 waits = queue_waits(gw.url)
             total = sum(t.output_tokens for t in res.values())
             for tenant, t in res.items():

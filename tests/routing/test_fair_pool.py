@@ -178,14 +178,14 @@ async def test_deadline_still_ends_the_wait() -> None:
 
 
 async def test_start_deadline_judged_on_fair_position() -> None:
-    """With a known completion rate (~0.7/s as the decaying estimate reads it after five
-    completions 0.1 s apart) and 20 of A's requests waiting, B's request with 10 s left is
-    queued (about one request is ahead of it: ~3 s), while A's own is refused at once (~30 s);
-    without fair queuing B's is refused too."""
+    """With a known completion rate (~10/s after ten completions 0.1 s apart) and 20 of A's
+    requests waiting, B's request with 1 s left is queued (about one request is ahead of it:
+    ~0.2 s), while A's own is refused at once (~2.1 s); without fair queuing B's is refused
+    too."""
     for fair in (True, False):
         pool = _pool(fair=fair)
         b = await pool.acquire(0, time.monotonic() + 5)
-        for _ in range(5):
+        for _ in range(10):
             await asyncio.sleep(0.1)
             pool.release(b)
             b = await pool.acquire(0, time.monotonic() + 5)
@@ -193,8 +193,8 @@ async def test_start_deadline_judged_on_fair_position() -> None:
                                                     tokens=500)) for _ in range(20)]
         await asyncio.sleep(0)
         with pytest.raises(PoolSaturated, match="before its deadline"):
-            await pool.acquire(0, time.monotonic() + 10, tenant="a", tokens=500)
-        ask = asyncio.create_task(pool.acquire(0, time.monotonic() + 10, tenant="b",
+            await pool.acquire(0, time.monotonic() + 1, tenant="a", tokens=500)
+        ask = asyncio.create_task(pool.acquire(0, time.monotonic() + 1, tenant="b",
                                                tokens=500))
         await asyncio.sleep(0.01)
         if fair:

@@ -56,7 +56,7 @@ async def test_cannot_start_in_time_refused_at_once() -> None:
     refused immediately instead of waiting for the deadline."""
     pool = _pool()
     b = await pool.acquire(0, time.monotonic() + 5)
-    for _ in range(5):  # ~10 completions/s
+    for _ in range(10):  # ~10 completions/s (8 are needed before the rate is trusted)
         await asyncio.sleep(0.1)
         pool.release(b)
         b = await pool.acquire(0, time.monotonic() + 5)
@@ -68,6 +68,37 @@ async def test_cannot_start_in_time_refused_at_once() -> None:
     assert time.monotonic() - t0 < 0.05
     for w in waiters:
         w.cancel()
+
+
+async def test_few_completions_never_refuse_early() -> None:
+    """A pool that has seen only a few completions (a cold start, or the first after an idle
+    spell) does not guess a rate from them: a waiter with a short deadline waits for it."""
+    pool = _pool()
+    b = await pool.acquire(0, time.monotonic() + 5)
+    await asyncio.sleep(0.5)
+    pool.release(b)  # one completion after half a second: no rate yet
+    b = await pool.acquire(0, time.monotonic() + 5)
+    waiters = [asyncio.create_task(pool.acquire(0, time.monotonic() + 30)) for _ in range(5)]
+    await asyncio.sleep(0)
+    late = asyncio.create_task(pool.acquire(0, time.monotonic() + 0.2))
+    await asyncio.sleep(0.01)
+    assert not late.done()  # queued, not refused at once
+    with pytest.raises(PoolSaturated, match="before the request's deadline"):
+        await late  # it had its chance up to the deadline
+    for w in waiters:
+        w.cancel()
+
+
+def test_completion_rate_is_unbiased_from_the_start() -> None:
+    """Completions 0.1 s apart read as ~10/s once there are enough of them, at once and after
+    a long run (the decayed count over the decayed time)."""
+    pool = _pool()
+    now = 1000.0
+    for n in range(200):
+        now += 0.1
+        pool._count_completion(now)
+        if n in (9, 199):
+            assert 9.5 < pool._completion_rate(now) < 10.5, n
 
 
 async def test_queue_full() -> None:
