@@ -64,6 +64,8 @@ from typing import Any
 import aiohttp
 import yaml
 
+from loadtest.bench.routing_bench import _free_port, _wait, pct
+
 ROOT = Path(__file__).resolve().parents[2]
 _TRACE = "shared/data/azure-llm-inference-2023/AzureLLMInferenceTrace_conv.csv"
 # ../shared beside the repository (a worktree one level deeper finds it one further up)
@@ -270,35 +272,6 @@ def policy(scenario: str, sims: list[str], bounded_load: float) -> dict[str, Any
         "pools": [pool],
         "models": [{"name": "chat", "pool": "chat", "backend_model": "sim-model"}],
     }
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def histogram_p50(deltas: dict[str, float]) -> float:

@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,8 @@ from typing import Any
 
 import aiohttp
 import yaml
+
+from loadtest.bench.routing_bench import _free_port, _wait
 
 __all__ = ["main"]
 
@@ -49,26 +50,6 @@ SCENARIOS = {
 #: every simulator waits this long before its first token (wall clock, not sped up), so the
 #: TTFT fault doubles a TTFT that the box's own load does not swamp
 BASE_STALL = ["--stall-ms", "100"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
 
 
 def bench_policy(stable: str, canary: str, args: argparse.Namespace) -> dict[str, Any]:
