@@ -21,7 +21,7 @@ import yaml
 from gateway.config.model import Policy
 
 if TYPE_CHECKING:
-    from gateway.config.model import Alerts, Version
+    from gateway.config.model import Alerts, Model
 
 __all__ = ["PolicyError", "key_hashes", "load_policy", "parse_policy"]
 
@@ -193,7 +193,7 @@ def _validate_routing(policy: Policy, source: str, pools: set[str]) -> None:
             need_pool(version.pool, f"$.models[{i}].versions[{j}].pool")
         if model.versions and not any(v.weight > 0 for v in model.versions):
             raise PolicyError(source, f"$.models[{i}].versions", "at least one weight must be > 0")
-        _validate_progressive(model.versions, source, f"$.models[{i}].versions")
+        _validate_progressive(model, source, f"$.models[{i}].versions")
         if model.shadow is not None:
             need_pool(model.shadow.pool, f"$.models[{i}].shadow.pool")
     names = {m.name for m in policy.models}
@@ -207,8 +207,11 @@ def _validate_routing(policy: Policy, source: str, pools: set[str]) -> None:
                                   f"model {name!r} has no price in prices.models to override")
 
 
-def _validate_progressive(versions: list[Version], source: str, field: str) -> None:
-    """One progressive version per model, with a baseline beside it, steps that grow."""
+def _validate_progressive(model: Model, source: str, field: str) -> None:
+    """One progressive version per model, with a baseline beside it, steps that grow; a
+    shadow stage (a first step of 0) needs the model's shadow on the canary and the
+    ``shadow_agreement`` gate, which alone can judge a version that takes no traffic."""
+    versions = model.versions
     progressive = [j for j, v in enumerate(versions) if v.progressive is not None]
     if not progressive:
         return
@@ -225,6 +228,18 @@ def _validate_progressive(versions: list[Version], source: str, field: str) -> N
     if any(b <= a for a, b in itertools.pairwise(steps)):
         raise PolicyError(source, f"{field}[{j}].progressive.steps",
                           f"steps must grow: {steps}")
+    if steps[0] == 0:
+        canary = versions[j]
+        if len(steps) < 2:
+            raise PolicyError(source, f"{field}[{j}].progressive.steps",
+                              "a shadow stage (step 0) needs a live step after it")
+        if model.shadow is None or model.shadow.label != canary.label:
+            raise PolicyError(source, f"{field}[{j}].progressive.steps",
+                              f"a shadow stage (step 0) needs the model's shadow to mirror to "
+                              f"the canary: shadow.version: {canary.label}")
+        if canary.progressive.gates.shadow_agreement is None:  # type: ignore[union-attr]
+            raise PolicyError(source, f"{field}[{j}].progressive.gates.shadow_agreement",
+                              "a shadow stage (step 0) is judged by shadow_agreement: set it")
 
 
 def _validate_tenants(policy: Policy, source: str) -> None:

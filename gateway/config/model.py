@@ -284,9 +284,14 @@ class RolloutGates(_Base, frozen=True):
 class Progressive(_Base, frozen=True):
     """Drive a canary version by itself: its share of traffic walks through ``steps``
     (percent), each held for ``hold`` with at least ``min_requests`` on the canary, while
-    every gate holds against the baseline versions; one failing gate rolls it back to 0%."""
+    every gate holds against the baseline versions; one failing gate rolls it back to 0%.
 
-    steps: Annotated[list[Annotated[float, msgspec.Meta(gt=0, le=100)]],
+    A first step of 0 is a shadow stage: the canary takes no live traffic while the model's
+    ``shadow:`` mirrors requests to it (``shadow.version`` naming the canary); after ``hold``
+    with ``min_requests`` compared answers, it becomes a live canary (the next step) when the
+    shadow's agreement and its TTFT against the primary's pass their gates."""
+
+    steps: Annotated[list[Annotated[float, msgspec.Meta(ge=0, le=100)]],
                      msgspec.Meta(min_length=1)] = msgspec.field(
         default_factory=lambda: [1.0, 5.0, 25.0, 50.0, 100.0])
     hold: Duration = "5m"

@@ -54,9 +54,15 @@ class RolloutStore(Protocol):
 
 
 class AgreementSource(Protocol):
-    """Shadow comparison results (issue 19, point 4), read by the ``shadow_agreement`` gate:
-    any object on the gateway with this method (``Gateway.shadow_compare``) serves."""
+    """Shadow comparison results (issue 19, point 4), read by the ``shadow_agreement`` gate
+    and by a shadow stage: any object on the gateway with these methods
+    (``Gateway.shadow_compare``) serves."""
 
     def agreement(self, model: str, version: str) -> tuple[int, int] | None:
         """(answers that agreed, answers compared) of ``version`` of ``model`` against the
         primary, or None when nothing was compared."""
+
+    def ttfts(self, model: str, version: str, since: float
+              ) -> tuple[list[float], list[float]]:
+        """(primary, shadow) times to first token in seconds of ``version``'s comparisons
+        since wall-clock ``since``."""

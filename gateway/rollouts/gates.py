@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from gateway.config.model import Progressive
     from gateway.rollouts.counts import Arm, Histogram, Window
 
-__all__ = ["GateResult", "Verdict", "evaluate"]
+__all__ = ["GateResult", "Verdict", "evaluate", "evaluate_shadow"]
 
 Verdict = Literal["pass", "fail", "wait"]
 #: the quantile the latency gates compare
@@ -140,6 +140,27 @@ def evaluate(definition: Progressive, window: Window,
         per_class("output_tokens", lambda c, b: _tokens(c, b, change, confidence))
     if gates.shadow_agreement is not None:
         results.append(_agreement(agreement, gates.shadow_agreement.min, confidence))
+    return results
+
+
+def evaluate_shadow(definition: Progressive, agreement: tuple[int, int] | None,
+                    ttft: tuple[Histogram, Histogram] | None) -> list[GateResult]:
+    """A shadow stage's verdicts: the canary takes no live traffic, so it is judged on the
+    mirrored requests alone: ``shadow_agreement``, and ``ttft_p90`` with the shadow's TTFT as
+    the canary and the same requests' primary TTFT as the baseline (both timed from the
+    mirroring instant)."""
+    gates, confidence = definition.gates, definition.confidence
+    results: list[GateResult] = []
+    if gates.shadow_agreement is not None:
+        results.append(_agreement(agreement, gates.shadow_agreement.min, confidence))
+    if gates.ttft_p90 is not None:
+        if ttft is None:
+            results.append(GateResult("ttft_p90", "wait", {"note": "no shadow comparison"}))
+        else:
+            shadow, primary = ttft
+            results.append(_latency("ttft_p90", shadow, primary, gates.ttft_p90.max_ratio,
+                                    confidence) if shadow.total
+                           else GateResult("ttft_p90", "wait", {"note": "no shadow TTFT"}))
     return results
 
 

@@ -4,6 +4,7 @@ tick. Pure: no I/O, the time is an argument (tests drive it with a fake clock).
 ::
 
     pending --start--> progressing(0) --advanced--> progressing(1) ... --promoted--> promoted
+    (progressing at a 0% step is a shadow stage: judged on mirrored requests only)
                           |    ^                                  |
                 pause     v    | resume                 gate:<name> (one gate fails)
                         paused                                    v
@@ -23,11 +24,11 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from gateway.config.model import seconds
-from gateway.rollouts.gates import GateResult, evaluate
+from gateway.rollouts.gates import GateResult, evaluate, evaluate_shadow
 
 if TYPE_CHECKING:
     from gateway.config.model import Progressive
-    from gateway.rollouts.counts import Window
+    from gateway.rollouts.counts import Histogram, Window
 
 __all__ = ["ACTIONS", "HISTORY", "InvalidAction", "Phase", "RolloutState", "act", "decide",
            "restart", "transition"]
@@ -118,22 +119,29 @@ def _next(state: RolloutState, now: float) -> RolloutState:
 
 
 def decide(state: RolloutState, definition: Progressive, window: Window, now: float,
-           agreement: tuple[int, int] | None = None
+           agreement: tuple[int, int] | None = None,
+           shadow_ttft: tuple[Histogram, Histogram] | None = None,
            ) -> tuple[RolloutState | None, list[GateResult]]:
     """The transition of one tick, if any, and the gate verdicts it read.
 
     A pending rollout starts at its first step. While progressing, once the window holds
     ``min_requests`` on the canary a failing gate rolls it back at once; after ``hold`` a
     window where every gate passes advances it (the last step promotes). Waiting gates hold
-    the step.
+    the step. At a shadow stage (a step of 0%) the evidence is the mirrored requests:
+    ``min_requests`` compared answers, and the shadow gates (:func:`evaluate_shadow`).
     """
     if state.phase is Phase.PENDING:
         return transition(state, Phase.PROGRESSING, 0, "started", now), []
     if state.phase is not Phase.PROGRESSING:
         return None, []
-    if window.requests("canary") < definition.min_requests:
-        return None, []
-    results = evaluate(definition, window, agreement)
+    if state.steps[state.step] == 0:  # shadow stage
+        if (agreement[1] if agreement is not None else 0) < definition.min_requests:
+            return None, []
+        results = evaluate_shadow(definition, agreement, shadow_ttft)
+    else:
+        if window.requests("canary") < definition.min_requests:
+            return None, []
+        results = evaluate(definition, window, agreement)
     failed = [r.name for r in results if r.verdict == "fail"]
     if failed:
         return transition(state, Phase.ROLLED_BACK, state.step, f"gate:{failed[0]}", now), \

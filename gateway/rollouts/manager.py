@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway.config.model import seconds
-from gateway.rollouts.counts import Arm, Window
-from gateway.rollouts.gates import evaluate
-from gateway.rollouts.machine import InvalidAction, RolloutState, act, decide, restart
+from gateway.rollouts.counts import Arm, Histogram, Window
+from gateway.rollouts.gates import evaluate, evaluate_shadow
+from gateway.rollouts.machine import InvalidAction, Phase, RolloutState, act, decide, restart
 from gateway.rollouts.notify import Notifier
 
 if TYPE_CHECKING:
@@ -220,7 +220,7 @@ class Rollouts:
             return
         merged = await self._gathered(state)
         moved, _ = decide(state, self._definitions[name].progressive, merged, self.clock(),
-                          self._shadow(state))
+                          self._shadow(state), self._shadow_ttft(state))
         if moved is not None:
             await self._commit(state, moved)
 
@@ -287,6 +287,22 @@ class Rollouts:
         agreed, compared = reading[0] - base[1][0], reading[1] - base[1][1]
         return (agreed, compared) if compared > 0 else None
 
+    def _shadow_ttft(self, state: RolloutState) -> tuple[Histogram, Histogram] | None:
+        """(shadow, primary) TTFT histograms of the canary's comparisons since the window
+        began, at a shadow stage (None elsewhere, or when the source keeps no times)."""
+        if state.phase is not Phase.PROGRESSING or state.steps[state.step] != 0:
+            return None
+        source = self._agreement()
+        if source is None:
+            return None
+        primary, shadow = source.ttfts(state.model, state.version, state.since)
+        shadow_hist, primary_hist = Histogram(), Histogram()
+        for value in shadow:
+            shadow_hist.add(value)
+        for value in primary:
+            primary_hist.add(value)
+        return shadow_hist, primary_hist
+
     # -- operators ---------------------------------------------------------------------------
 
     def models(self) -> list[str]:
@@ -307,7 +323,9 @@ class Rollouts:
         local = routed or state
         d = self._definitions[model]
         window = await self._gathered(state)
-        results = evaluate(d.progressive, window, self._shadow(state))
+        results = (evaluate_shadow(d.progressive, self._shadow(state), self._shadow_ttft(state))
+                   if state.phase is Phase.PROGRESSING and state.steps[state.step] == 0
+                   else evaluate(d.progressive, window, self._shadow(state)))
         return {**summary(state, d.progressive, self.clock()),
                 "requests": {"canary": window.requests("canary"),
                              "baseline": window.requests("baseline")},

@@ -191,6 +191,22 @@ class ShadowComparisons:
         counts = self.counts(model, version)
         return counts["agree"], counts["agree"] + counts["disagree"]
 
+    def ttfts(self, model: str, version: str, since: float
+              ) -> tuple[list[float], list[float]]:
+        """(primary, shadow) times to first token, seconds, of ``version``'s compared answers
+        since wall-clock ``since``, both sides timed from the mirroring instant (the recent
+        ones the store keeps: at most ``keep`` a model). Read by a shadow stage's TTFT gate."""
+        entry = self._models.get(model)
+        primary: list[float] = []
+        shadow: list[float] = []
+        for c in entry.recent if entry is not None else ():
+            if c.version != version or c.at < since or c.outcome == "error":
+                continue
+            if c.primary.ttft_ms is not None and c.shadow.ttft_ms is not None:
+                primary.append(c.primary.ttft_ms / 1000)
+                shadow.append(c.shadow.ttft_ms / 1000)
+        return primary, shadow
+
     def counts(self, model: str, version: str | None = None) -> dict[Outcome, int]:
         """Comparisons by outcome since the process started (one version, or all)."""
         entry = self._models.get(model)

@@ -258,3 +258,21 @@ def test_agreement_and_summary_figures() -> None:
     assert window["finish_reason_match"] == 0.0
     assert window["status"] == {"primary": {"200": 4}, "shadow": {"200": 3, "none": 1}}
     json.dumps(summary)  # JSON-ready
+
+
+def test_ttfts_of_one_version_since_a_time() -> None:
+    """What a rollout's shadow stage reads: (primary, shadow) TTFTs in seconds of the named
+    version's compared answers since a wall-clock time; errors and other versions left out."""
+    store = ShadowComparisons()
+    for at, version, outcome, ttfts in [(10.0, "v2", "agree", (100, 150)),
+                                        (20.0, "v2", "disagree", (200, 260)),
+                                        (20.0, "v3", "agree", (50, 50)),
+                                        (30.0, "v2", "error", (10, 10)),
+                                        (5.0, "v2", "agree", (1, 1))]:
+        c = _comparison(version=version, outcome=outcome,
+                        primary=_ok(None, ttft_ms=ttfts[0]), shadow=_ok(None, ttft_ms=ttfts[1]))
+        c.at = at
+        store.add(c)
+    assert store.ttfts("m", "v2", since=8.0) == ([0.1, 0.2], [0.15, 0.26])
+    assert store.ttfts("m", "v3", since=0.0) == ([0.05], [0.05])
+    assert store.ttfts("other", "v2", since=0.0) == ([], [])
