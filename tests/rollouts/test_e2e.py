@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -133,3 +134,40 @@ def test_a_reload_that_changes_the_definition_restarts_the_rollout(
         assert reasons[:2] == ["started", "definition_changed"], reasons
         assert view["steps"] == [5.0, 100.0]
     assert "definition changed by a reload; the rollout restarts at pending" in gw.output()
+
+
+def test_a_shadow_stage_promotes_an_agreeing_shadow_to_canary(
+        baseline: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps [0, 100]: the canary first only answers mirrored requests (no client reaches its
+    pool), is judged on their agreement and TTFT, then takes live traffic."""
+    monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", ADMIN_TOKEN)
+    monkeypatch.delenv("GATEWAY_REDIS_URL", raising=False)
+    with SimServer("interactive", speedup=20, jitter=0.0, stall_ms=BASE_STALL_MS) as canary:
+        data = progressive_policy(policy({"stable": [baseline.url], "canary": [canary.url]}),
+                                  steps=[0, 100], hold="1s", min_requests=30,
+                                  shadow_agreement={"min": 0.8})
+        data["models"][0]["shadow"] = {"pool": "canary", "share": 1.0, "version": "v2"}
+        with GatewayProcess(tmp_path, data) as gw, Traffic([gw.url]) as t:
+            stage_samples = 0
+            deadline = time.monotonic() + 90
+            while True:  # while the stage lasts, no client request reaches the canary's pool
+                live_on_canary = t.by_pool["canary"]  # read before the state: taken in stage
+                view = rollout(gw.url)
+                if view["phase"] != "progressing" and view["phase"] != "pending":
+                    break
+                if view["phase"] == "progressing":
+                    assert view["share"] == 0.0
+                    assert live_on_canary == 0
+                    stage_samples += 1
+                assert time.monotonic() < deadline, view
+                time.sleep(0.1)
+            reasons = [e["reason"] for e in view["history"]]
+            assert view["phase"] == "promoted", (reasons, view["gates"])
+            assert reasons == ["started", "promoted"], reasons
+            assert stage_samples > 0
+            shadowed = httpx.get(gw.url + "/admin/shadow/chat-model", headers=ADMIN).json()
+            assert shadowed["versions"]["v2"]["agree"] >= 30
+            deadline = time.monotonic() + 30
+            while t.by_pool["canary"] == 0:  # promoted: live traffic on the canary now
+                assert time.monotonic() < deadline, "no live request reached the canary"
+                time.sleep(0.1)
