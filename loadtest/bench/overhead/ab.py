@@ -147,6 +147,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="start a PostgreSQL (migrated); its URL fills {postgres_url} in --a/--b")
     p.add_argument("--stream", action="store_true",
                    help="streamed requests (64 chunks each) instead of whole answers")
+    p.add_argument("--no-store", action="store_true",
+                   help="Responses requests with store: false (translation alone, without "
+                   "saving the response)")
     p.add_argument("--quotas", action="store_true",
                    help="give the bench tenant a plan with every limit set (as the overhead "
                    "bench's --quotas)")
@@ -188,7 +191,7 @@ def _start(args: argparse.Namespace, procs: ProcessSet, workdir: Path, env: dict
             else:
                 os.environ[name] = value
     check_endpoint(port, stream=args.stream, headers=payloads.request_headers(api_key, api),
-                   api=api)
+                   api=api, store=not args.no_store)
     return gw, port
 
 
@@ -239,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, api in apis.items():
             scripts[name] = workdir / f"{mode}-{api}.lua"
             scripts[name].write_text(wrk.lua_script(
-                payloads.request_body(stream=args.stream, api=api),
+                payloads.request_body(stream=args.stream, api=api, store=not args.no_store),
                 payloads.request_headers(api_key, api)))
         for env in sides.values():  # a live OTLP sink unless a side names another endpoint
             env.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://{HOST}:{ports.json}")

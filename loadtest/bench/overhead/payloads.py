@@ -33,9 +33,10 @@ API_PATHS = {
 PROMPT = "Say hello"
 
 
-def request_body(*, stream: bool, api: str = "chat") -> str:
+def request_body(*, stream: bool, api: str = "chat", store: bool = True) -> str:
     """The client request: small, so the measured cost is the hop, not body parsing. The same
-    content in every API: one user turn, at most 64 output tokens."""
+    content in every API: one user turn, at most 64 output tokens. ``store=False`` sends a
+    Responses request with ``store: false`` (translation without the stored response)."""
     body: dict[str, Any]
     if api == "chat":
         body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}],
@@ -45,6 +46,8 @@ def request_body(*, stream: bool, api: str = "chat") -> str:
                 "messages": [{"role": "user", "content": PROMPT}]}
     elif api == "responses":
         body = {"model": MODEL, "input": PROMPT, "max_output_tokens": STREAM_CHUNKS}
+        if not store:
+            body["store"] = False
     else:
         raise ValueError(f"unknown API {api!r}; expected one of {sorted(API_PATHS)}")
     if stream:

@@ -185,15 +185,15 @@ def wait_http_ok(managed: Managed, port: int, path: str, timeout: float) -> None
     )
 
 
-def check_endpoint(port: int, *, stream: bool, headers: dict[str, str], api: str = "chat"
-                   ) -> None:
+def check_endpoint(port: int, *, stream: bool, headers: dict[str, str], api: str = "chat",
+                   store: bool = True) -> None:
     """POST the benchmark request (in ``api``) once and verify the answer is the fixture's,
     in that API's shape."""
     status, ctype, body = http_request(
         port,
         "POST",
         payloads.API_PATHS[api],
-        payloads.request_body(stream=stream, api=api),
+        payloads.request_body(stream=stream, api=api, store=store),
         {"Content-Type": "application/json", **headers},
     )
     problem = f"HTTP {status}: {body[:300]!r}" if status != 200 else None
