@@ -78,11 +78,14 @@ def _insert_statement() -> str:
     such checks a record with one array per column, a few with the composite. Measured on
     batches of 256 (``loadtest/bench/LEDGER.md``): 11-12 us of loop CPU a record with 40
     arrays, 6.5-7 with one, the same PostgreSQL CPU. The new records go into both rollups,
-    hourly then daily (every flush locks them in that order)."""
+    hourly then daily (every flush locks them in that order). Records are inserted in key
+    order and rollup groups updated in key order, so concurrent flushes (two in flight per
+    gateway, several gateways, a replayed spool holding records another flush also holds)
+    take their row locks in one order: they wait for each other, never deadlock."""
     return f"""
 WITH new AS (
     INSERT INTO usage_records (day, {quoted(RECORD_COLUMNS)})
-    SELECT (r).* FROM unnest($1::usage_records[]) AS r
+    SELECT (r).* FROM unnest($1::usage_records[]) AS r ORDER BY (r).day, (r).request_id
     ON CONFLICT (day, request_id) DO NOTHING
     RETURNING *
 ), hourly AS ({_rollup_upsert("usage_hourly", 3_600_000, "hour_ms")}
