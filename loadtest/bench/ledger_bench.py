@@ -39,7 +39,9 @@ timed). Figures per case:
 ``--stores postgresql-main`` adds the store with the flusher as it was on main 1a5293a
 (``flush`` takes the whole buffer and loops while records arrive, one flush at a time;
 ``MainFlusherPostgresLedger``) on the same server, case by case beside the others;
-``postgresql-hourly`` the store without the daily rollup's upsert (migration 5's cost).
+``postgresql-daily`` the store as it was before migration 6: ``usage_daily`` upserted on the
+write path for every record (the store now adds only records of days already compacted,
+``gateway/ledger/sql/compact.py``).
 
 Then **bytes on disk per record**: PostgreSQL after ``VACUUM ANALYZE``: ``pg_total_relation_size``
 (heap, TOAST, every index) of the ``usage_records`` partitions and of ``usage_hourly``, over the
@@ -231,28 +233,31 @@ class MainFlusherPostgresLedger(PostgresLedger):
                     await self.flush()
 
 
-class HourlyOnlyPostgresLedger(PostgresLedger):
-    """``PostgresLedger`` without the daily rollup's upsert (the flush statement before
-    migration 5), for ``--stores postgresql-hourly``: what maintaining ``usage_daily`` costs,
-    beside the store on one server in one run (its daily rows are then left empty)."""
+class DailyUpsertPostgresLedger(PostgresLedger):
+    """``PostgresLedger`` with every record's daily upsert on the write path (the flush
+    statement of migration 5, before the daily rollups were compacted from closed days), for
+    ``--stores postgresql-daily``: what the compaction saves, beside the store on one server
+    in one run (with migration 6 the reads take today from the hourly rows, so the extra
+    daily rows are written and not read)."""
 
     async def _insert(self, batch: Sequence[UsageRecord]) -> int:
         days = [r.ts_ms // 86_400_000 for r in batch]
         if not self._partitions.issuperset(days):
             await self._prepare(batch)
         rows = [(pg_store._day(n), *record_row(r)) for n, r in zip(days, batch, strict=True)]
-        new = await self._run("fetchval", _HOURLY_ONLY, rows)
+        new = await self._run("fetchval", _DAILY_UPSERT, rows)
         return self._counted(len(rows), int(new))
 
 
-def _hourly_only() -> str:
+def _daily_upsert() -> str:
     statement = pg_store._INSERT
     start = statement.index("), daily AS (")
     end = statement.index("SELECT count(*) FROM new")
-    return statement[:start] + ")\n" + statement[end:]
+    daily = pg_store._rollup_upsert("usage_daily", 86_400_000, "day_ms")
+    return statement[:start] + f"), daily AS ({daily}\n)\n" + statement[end:]
 
 
-_HOURLY_ONLY = _hourly_only()
+_DAILY_UPSERT = _daily_upsert()
 
 
 # -- CPU of the database server ---------------------------------------------------------------
@@ -472,7 +477,7 @@ class Stores:
         if store.startswith("postgresql"):
             assert self.pg_url is not None
             cls = {"postgresql-main": MainFlusherPostgresLedger,
-                   "postgresql-hourly": HourlyOnlyPostgresLedger}.get(store, PostgresLedger)
+                   "postgresql-daily": DailyUpsertPostgresLedger}.get(store, PostgresLedger)
             return _timed(cls)(self.pg_url, spool_dir=spool, migrate=True,
                                settings=self.settings)
         return _timed(SqliteLedger)(self.workdir / "ledger.db", spool_dir=spool,
@@ -667,8 +672,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--stores", default="postgresql,sqlite",
                    help="postgresql,sqlite (both); postgresql-main: the store with main "
-                   "1a5293a's flusher (one flush at a time, looping); postgresql-hourly: without "
-                   "the daily rollup's upsert; beside the others")
+                   "1a5293a's flusher (one flush at a time, looping); postgresql-daily: every "
+                   "record's daily upsert on the write path (before migration 6); beside the "
+                   "others")
     p.add_argument("--modes", default="buffered,durable", help="buffered,durable (both)")
     p.add_argument("--rates", default="1000,5000,20000,max",
                    help="records/s per case, 'max' = as fast as the store takes them")
@@ -694,7 +700,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if bad := set(args.stores) - {"postgresql", "postgresql-main", "postgresql-hourly",
+    if bad := set(args.stores) - {"postgresql", "postgresql-main", "postgresql-daily",
                                   "sqlite"}:
         p.error(f"unknown stores {sorted(bad)}")
     if bad := set(args.modes) - {"buffered", "durable"}:

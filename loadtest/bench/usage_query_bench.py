@@ -9,11 +9,12 @@ varied per record.
 
 **How the data is made (not through the write path, which ``ledger_bench`` measures):** the
 records by ``INSERT ... SELECT ... FROM generate_series`` straight into each day's partition;
-then the rollups from those records with the statements the migrations back-fill with:
-``usage_hourly`` by one ``GROUP BY`` over the records (migration 2's), ``usage_daily`` by one
-over ``usage_hourly`` (migration 5's). The rollups are therefore exactly what the write path
-would have left (``--check`` runs ``drift`` on a few tenant-days to show it), then ``VACUUM
-ANALYZE``.
+then ``usage_hourly`` from those records with migration 2's back-fill (one ``GROUP BY``
+over the records: what the write path would have left), and ``usage_daily`` the way a
+gateway makes it: the boundary set to the month's first day, then ``PostgresLedger.compact``
+sums each closed day's hourly rows (``gateway/ledger/sql/compact.py``; its time a day is
+reported). ``--check`` runs ``drift`` on a few tenant-days to show the rollups agree with the
+records; then ``VACUUM ANALYZE``.
 
 **The query** is the gateway's own: ``PostgresLedger.usage_rows(tenant, Nov 1, Dec 1,
 group_by=("day", "model"))`` (what ``/v1/usage?from=2026-11-01&to=2026-12-01&group_by=day,
@@ -45,6 +46,7 @@ from typing import Any
 
 import asyncpg
 
+from gateway.ledger.sql.compact import GRACE_MS
 from gateway.ledger.sql.migrations import MIGRATIONS
 from gateway.ledger.sql.postgres import PostgresLedger, partition_name
 from gateway.ledger.sql.schema import RECORD_COLUMNS, quoted
@@ -99,7 +101,6 @@ async def load(url: str, args: argparse.Namespace) -> dict[str, float]:
     days = [MONTH + timedelta(days=i) for i in range(30)]
     await ledger._make_partitions({(d - date(1970, 1, 1)).days for d in days})
     await ledger.close()
-    shutil.rmtree(spool, ignore_errors=True)
     groups = args.tenants * args.keys * args.models * 2 * args.versions
     stride = _stride(groups)
     spacing = 30 * _DAY_MS // args.records
@@ -124,14 +125,25 @@ async def load(url: str, args: argparse.Namespace) -> dict[str, float]:
         t0 = time.perf_counter()
         await conn.execute(_backfill(2))
         times["hourly_s"] = time.perf_counter() - t0
+        # the daily rollups as a gateway makes them: each closed day's hourly rows compacted
+        # (``compact.py``), the boundary from the month's first day
+        await conn.execute("VACUUM ANALYZE usage_hourly")
+        await conn.execute("UPDATE usage_rollup_state SET daily_through_ms = $1", start)
         t0 = time.perf_counter()
-        await conn.execute(_backfill(5))
+        ledger = PostgresLedger(url, spool_dir=spool)
+        try:
+            compacted = await ledger.compact(_ms(days[-1]) + _DAY_MS + GRACE_MS)
+        finally:
+            await ledger.close()
+        assert compacted == len(days), compacted
         times["daily_s"] = time.perf_counter() - t0
+        times["daily_per_day_s"] = times["daily_s"] / len(days)
         t0 = time.perf_counter()
         await conn.execute("VACUUM ANALYZE")
         times["vacuum_s"] = time.perf_counter() - t0
     finally:
         await conn.close()
+        shutil.rmtree(spool, ignore_errors=True)
     return times
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from gateway.ledger import UsageRecord, day_of
 from gateway.ledger.sql import MIGRATIONS, SCHEMA_VERSION, SchemaMismatch
+from gateway.ledger.sql.compact import GRACE_MS, THROUGH
 from gateway.ledger.sql.migrations import Migration
 from gateway.ledger.sql.postgres import PostgresLedger
 from gateway.ledger.sql.schema import RECORD_COLUMNS, ROLLUP_COUNTERS, ROLLUP_KEYS
@@ -236,10 +237,12 @@ async def test_migration_from_version_4_backfills_the_daily_rollups(
 
 
 async def test_drift_checks_the_daily_rollups_too(make_sql: Callable[..., Any]) -> None:
-    """A daily rollup row edited by hand is a drift of grain "day" (the hourly ones agree)."""
+    """A daily rollup row edited by hand is a drift of grain "day" (the hourly ones agree).
+    The records are two days old: a closed day, in ``usage_daily`` in both dialects."""
     tenant = f"t-{uuid.uuid4().hex[:8]}"
     ledger = await make_sql()
-    records = [record(tenant, output=5) for _ in range(10)]
+    two_days_ago = time.time_ns() // 1_000_000 - 2 * DAY_MS
+    records = [record(tenant, output=5, ts_ms=two_days_ago + i) for i in range(10)]
     for r in records:
         ledger.write_nowait(r)
     await ledger.flush()
@@ -258,6 +261,46 @@ async def test_drift_checks_the_daily_rollups_too(make_sql: Callable[..., Any]) 
     assert (drift.grain, drift.counter, drift.rollup, drift.records) == ("day", "output",
                                                                         53, 50)
     assert f"{day} (daily)" in drift.describe()
+
+
+async def _daily_rows(ledger: SqlLedger, tenant: str) -> int:
+    p = "$1" if ledger.dialect == "postgresql" else "?"
+    ((n,),) = await ledger._fetch(f"SELECT count(*) FROM usage_daily WHERE tenant = {p}",
+                                  [tenant])
+    return int(n)
+
+
+async def test_closed_days_are_compacted_into_the_daily_rollups(
+        make_sql: Callable[..., Any]) -> None:
+    """PostgreSQL's write path keeps the hourly rollups only: today's records are in no
+    daily row, whole-day reads answer them from the hourly ones; once the day has closed
+    (and its grace passed) one compaction sums it into ``usage_daily``, the reads give the
+    same sums from there, a second compaction does nothing, and a record landing later for
+    the compacted day (a replayed spool) is added to the daily rollups by the write path.
+    SQLite's trigger keeps the daily rollups current: nothing to compact."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    ledger = await make_sql()
+    postgres = ledger.dialect == "postgresql"
+    today = time.time_ns() // 1_000_000 // DAY_MS * DAY_MS
+    records = [record(tenant, ts_ms=today + i * 1_000, model=random.choice("ab"), output=i,
+                      outcome="failed" if i % 7 == 0 else "completed") for i in range(40)]
+    for r in records:
+        ledger.write_nowait(r)
+    await ledger.flush()
+    assert (await _daily_rows(ledger, tenant) == 0) is postgres
+    await assert_reads_match(ledger, tenant, records, ((), ("day", "model"), FINEST))
+    closes = today + DAY_MS + GRACE_MS
+    assert await ledger.compact(closes - 1) == 0  # not closed yet: in its grace
+    assert await ledger.compact(closes) == (1 if postgres else 0)
+    assert await _daily_rows(ledger, tenant) == len({r.model for r in records})
+    assert await ledger.drift(tenant, date.fromisoformat(records[0].day)) == []
+    await assert_reads_match(ledger, tenant, records, ((), ("day", "model"), FINEST))
+    assert await ledger.compact(closes) == 0
+    late = [record(tenant, ts_ms=today + 5_000 + i, model="a", output=7) for i in range(3)]
+    for r in late:
+        ledger.write_nowait(r)
+    await ledger.flush()
+    await assert_reads_match(ledger, tenant, records + late, ((), ("day", "model"), FINEST))
 
 
 async def _insert_raw(ledger: SqlLedger, records: list[UsageRecord]) -> None:
@@ -405,3 +448,46 @@ async def test_retention_drops_old_records_and_keeps_rollups(
     (row,) = await all_rows(ledger, tenant, old_lo, old_lo + DAY_MS, ())
     assert row.requests == 5  # the rollups outlive the raw records
     assert (today - timedelta(days=10)).isoformat() == old_day
+
+
+async def test_a_compaction_beside_flushes_of_its_day_counts_each_record_once(
+        postgres_url: str, tmp_path: Path) -> None:
+    """Two replicas flush records of the day a third compacts, at the same moment, five
+    times over: each flush is either in the hourly rows the compaction sums or adds its
+    records to the daily rows itself (the boundary's lock orders them), never neither or
+    both: the daily rollups equal the records after every round."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    writers = [PostgresLedger(postgres_url, spool_dir=tmp_path / f"w{i}", migrate=True)
+               for i in range(2)]
+    compactor = PostgresLedger(postgres_url, spool_dir=tmp_path / "c", migrate=True)
+    for ledger in (*writers, compactor):
+        await ledger.start()
+    today = time.time_ns() // 1_000_000 // DAY_MS * DAY_MS
+    yesterday = today - DAY_MS
+    written: list[UsageRecord] = []
+
+    async def write(ledger: PostgresLedger) -> None:
+        for _ in range(30):
+            batch = [record(tenant, ts_ms=yesterday + random.randrange(DAY_MS),
+                            output=random.randrange(100)) for _ in range(5)]
+            written.extend(batch)
+            for r in batch:
+                ledger.write_nowait(r)
+            await ledger.flush()
+
+    async def compact() -> None:  # (the replicas' own maintenance may compact it first)
+        await asyncio.sleep(random.uniform(0.0, 0.05))
+        await compactor.compact(today + GRACE_MS)
+
+    try:
+        for _ in range(5):
+            await compactor._run("execute", "UPDATE usage_rollup_state "
+                                 "SET daily_through_ms = $1", yesterday)
+            await asyncio.gather(*(write(w) for w in writers), compact())
+            assert await compactor._fetch(f"SELECT {THROUGH}", []) == [(today,)]
+            day = date.fromisoformat(written[0].day)
+            assert await compactor.drift(tenant, day) == []
+            await assert_reads_match(compactor, tenant, written, ((), ("day", "model")))
+    finally:
+        for ledger in (*writers, compactor):
+            await ledger.close()

@@ -1,7 +1,8 @@
 """Reconciliation in SQL: a day's hourly and daily rollups against the sum of its records.
 
-The rollups grow in the same transaction that inserts the records, so for every hour and
-group they equal the records' sums; a difference means a bug, a hand edit or a partial
+The hourly rollups grow in the same transaction that inserts the records, and the daily ones
+are the hourly ones of a closed day (``compact.py``; SQLite: a trigger), so for every hour or
+day and group they equal the records' sums; a difference means a bug, a hand edit or a partial
 restore (and the records, the detailed truth, win). For one tenant and one UTC day there are
 two statements: the day's rollup rows (a range of their primary key) and the day's records
 summed into the same groups (hour, key, model, class, version, batch, team, organization) the
@@ -9,7 +10,8 @@ way the write path adds them (None as "", ``failed`` = outcome not completed). E
 group, counter) whose figures differ is a :class:`Drift`, with both figures; a group present
 on one side only counts as zeros on the other. The day's ``usage_daily`` rows (a third
 statement, ``daily_statement``) are compared with the same records summed over the whole day
-(``grain`` "day": ``hour`` is then the day's midnight).
+(``grain`` "day": ``hour`` is then the day's midnight) once the day is compacted; before, a
+day has no daily rows (any found are a drift against nothing).
 
 The records of days past retention are gone while their rollups stay: reconcile only days
 that still have records (the CLI skips the others).

@@ -24,6 +24,15 @@ migrated it: upgrade this one).
    ``usage_hourly`` and maintained beside it in the same transaction (PostgreSQL: the store's
    insert statement; SQLite: a second trigger). A month read grouped by day or month (no
    hour) sums at most 31 rows a group instead of 744 (``usage_query.py``).
+6. ``usage_rollup_state``: PostgreSQL's daily rollups are made from the hourly ones once a day
+   has closed (``compact.py``), no longer per record on the write path: its one row's
+   ``daily_through_ms`` is the first day not yet in ``usage_daily``, and a read takes days
+   before it from ``usage_daily``, hours from it on from ``usage_hourly`` (the migration sets
+   it to today's start and deletes today's daily rows, which the compaction rebuilds whole).
+   A BRIN index on ``usage_hourly.hour_ms`` lets the compaction read a day of every tenant
+   without scanning the table (hourly rows land in time order). SQLite keeps its trigger:
+   its ``daily_through_ms`` is past any time, so the same reads take whole days from
+   ``usage_daily``.
 """
 
 from __future__ import annotations
@@ -33,7 +42,8 @@ from typing import Literal
 
 from gateway.ledger.errors import LedgerError
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Dialect", "Migration", "SchemaMismatch", "verdict"]
+__all__ = ["ALWAYS_CURRENT_MS", "MIGRATIONS", "SCHEMA_VERSION", "Dialect", "Migration",
+           "SchemaMismatch", "verdict"]
 
 Dialect = Literal["postgresql", "sqlite"]
 
@@ -204,6 +214,25 @@ END;
 """
 
 
+# -- 6: daily rollups from closed days (PostgreSQL), the state the reads consult -------------
+#: SQLite's ``daily_through_ms``: later than any record (its trigger keeps every day current)
+ALWAYS_CURRENT_MS = 2**62
+_TODAY_MS_PG = ("(extract(epoch FROM date_trunc('day', now() AT TIME ZONE 'UTC'))"
+                "::bigint * 1000)")
+_ROLLUP_STATE_PG = f"""
+CREATE TABLE usage_rollup_state (
+    id integer PRIMARY KEY CHECK (id = 1), daily_through_ms bigint NOT NULL);
+INSERT INTO usage_rollup_state (id, daily_through_ms) VALUES (1, {_TODAY_MS_PG});
+DELETE FROM usage_daily WHERE day_ms >= {_TODAY_MS_PG};
+CREATE INDEX usage_hourly_hour_brin ON usage_hourly USING brin (hour_ms);
+"""
+_ROLLUP_STATE_SQLITE = f"""
+CREATE TABLE usage_rollup_state (
+    id INTEGER PRIMARY KEY CHECK (id = 1), daily_through_ms INTEGER NOT NULL);
+INSERT INTO usage_rollup_state (id, daily_through_ms) VALUES (1, {ALWAYS_CURRENT_MS});
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "usage records", _SCHEMA_TABLE_PG + _RECORDS_PG,
               _SCHEMA_TABLE_SQLITE + _RECORDS_SQLITE),
@@ -216,6 +245,7 @@ MIGRATIONS: tuple[Migration, ...] = (
               "ALTER TABLE usage_records ADD COLUMN api TEXT NOT NULL DEFAULT 'chat';\n"),
     Migration(5, "daily rollups", _daily_table("text", "bigint") + _daily_backfill(),
               _daily_table("TEXT", "INTEGER") + _daily_backfill() + _sqlite_daily_trigger()),
+    Migration(6, "daily rollups from closed days", _ROLLUP_STATE_PG, _ROLLUP_STATE_SQLITE),
 )
 
 #: the schema version this gateway reads and writes

@@ -28,6 +28,14 @@ import asyncpg
 
 from gateway.ledger.errors import LedgerUnavailable
 from gateway.ledger.record import UsageRecord
+from gateway.ledger.sql.compact import (
+    COMPACT_DAY,
+    DAY_MS,
+    GRACE_MS,
+    LOCK_STATE,
+    MOVE_BOUNDARY,
+    THROUGH_SHARED,
+)
 from gateway.ledger.sql.migrations import MIGRATIONS
 from gateway.ledger.sql.schema import RECORD_COLUMNS, ROLLUP_KEYS, quoted, record_row
 from gateway.ledger.sql.store import SqlLedger
@@ -52,10 +60,10 @@ _SUMMED = ("system", "history", "new", "tools", "cached", "cache_write", "output
 _COUNTERS = ("requests", "failed", "estimated", *_SUMMED)
 
 
-def _rollup_upsert(table: str, grain_ms: int, time_column: str) -> str:
-    """The CTE body adding the batch's new records to one rollup table: summed per group
-    (once per group per batch), groups in key order so replicas flushing at once lock rollup
-    rows in one order."""
+def _rollup_upsert(table: str, grain_ms: int, time_column: str, where: str = "") -> str:
+    """The CTE body adding the batch's new records (those ``where`` keeps) to one rollup
+    table: summed per group (once per group per batch), groups in key order so replicas
+    flushing at once lock rollup rows in one order."""
     group = ", ".join(f"coalesce({k}, '')" for k in ROLLUP_KEYS)
     sums = ", ".join(f'sum("{c}")' for c in _SUMMED)
     updates = ", ".join(f'"{c}" = {table}."{c}" + excluded."{c}"' for c in _COUNTERS)
@@ -65,7 +73,7 @@ def _rollup_upsert(table: str, grain_ms: int, time_column: str) -> str:
     SELECT ts_ms - ts_ms % {grain_ms}, {group}, count(*),
            sum(CASE WHEN outcome <> 'completed' THEN 1 ELSE 0 END),
            sum(CASE WHEN estimated THEN 1 ELSE 0 END), {sums}
-    FROM new GROUP BY {positions} ORDER BY {positions}
+    FROM new {where} GROUP BY {positions} ORDER BY {positions}
     ON CONFLICT (tenant, {time_column}, key_id, model, request_class, version, batch_id, team,
                  organization) DO UPDATE SET {updates}"""
 
@@ -77,8 +85,11 @@ def _insert_statement() -> str:
     for a nested array through ``isinstance`` against ``collections.abc`` classes, about 40
     such checks a record with one array per column, a few with the composite. Measured on
     batches of 256 (``loadtest/bench/LEDGER.md``): 11-12 us of loop CPU a record with 40
-    arrays, 6.5-7 with one, the same PostgreSQL CPU. The new records go into both rollups,
-    hourly then daily (every flush locks them in that order). Records are inserted in key
+    arrays, 6.5-7 with one, the same PostgreSQL CPU. The new records go into the hourly
+    rollups; the daily ones are made from those once a day closes (``compact.py``), so only
+    new records of a day already compacted are added to ``usage_daily`` here (a replayed
+    spool, a late batch: the boundary share-locked, which orders this flush against a
+    compaction). Records are inserted in key
     order and rollup groups updated in key order, so concurrent flushes (two in flight per
     gateway, several gateways, a replayed spool holding records another flush also holds)
     take their row locks in one order: they wait for each other, never deadlock."""
@@ -89,7 +100,8 @@ WITH new AS (
     ON CONFLICT (day, request_id) DO NOTHING
     RETURNING *
 ), hourly AS ({_rollup_upsert("usage_hourly", 3_600_000, "hour_ms")}
-), daily AS ({_rollup_upsert("usage_daily", 86_400_000, "day_ms")}
+), daily AS ({_rollup_upsert("usage_daily", 86_400_000, "day_ms",
+                             f"WHERE ts_ms < {THROUGH_SHARED}")}
 )
 SELECT count(*) FROM new
 """
@@ -294,6 +306,28 @@ class PostgresLedger(SqlLedger):
                 raise LedgerUnavailable(f"postgresql: {exc}") from exc
             raise
         self._partitions |= day_numbers
+
+    async def compact(self, now_ms: int) -> int:
+        """Sum every closed day's hourly rollups into ``usage_daily`` (``compact.py``), one
+        transaction a day, the state row locked; the days compacted. A day closes
+        ``GRACE_MS`` after its midnight; replicas running this at once wait for each other
+        and compact each day once."""
+        pool = await self._get_pool()
+        done = 0
+        while True:
+            try:
+                async with pool.acquire(timeout=self._connect_timeout) as conn, \
+                        conn.transaction():
+                    through = int(await conn.fetchval(LOCK_STATE))
+                    if through + DAY_MS + GRACE_MS > now_ms:
+                        return done
+                    await conn.execute(COMPACT_DAY, through)
+                    await conn.execute(MOVE_BOUNDARY, through + DAY_MS)
+            except Exception as exc:
+                if is_outage(exc):
+                    raise LedgerUnavailable(f"postgresql: {exc}") from exc
+                raise
+            done += 1
 
     async def _probe(self) -> None:
         await self._run("fetchval", "SELECT 1")

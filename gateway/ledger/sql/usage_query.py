@@ -11,12 +11,13 @@ One statement per page, on one rollup table (never the records)::
     ORDER BY g0, g1, ... LIMIT :limit + 1
 
 A read of whole UTC days (``from`` and ``to`` at midnight) not grouped by hour reads
-``usage_daily`` instead (``day_ms`` for ``hour_ms``; the same groups and counters, migration
-5): a tenant-month is at most 31 rows a group rather than 744. ``tenant = :tenant AND
-hour_ms`` (or ``day_ms``) in a range is a range of the rollups' primary key (tenant first,
-then the time), so a tenant's month is one index range whatever the number of records
-behind it. The admin's all-tenant read drops the tenant condition (and scans the rollups of
-every tenant).
+``usage_daily`` for the days already compacted (``compact.py``: the same groups and
+counters) and ``usage_hourly`` for the rest, one ``UNION ALL`` as the source (time column
+``t``): a closed tenant-month is at most 31 rows a group rather than 744. ``tenant = :tenant
+AND hour_ms`` (or ``day_ms``) in a range is a range of the rollups' primary key (tenant
+first, then the time), so a tenant's month is one index range of each table whatever the
+number of records behind it. The admin's all-tenant read drops the tenant condition (and
+scans the rollups of every tenant).
 
 Dimensions: ``hour`` (``hour_ms``), ``day`` (``hour_ms - hour_ms % 86400000``: UTC days),
 ``month`` (a ``CASE`` over the month starts inside the range, computed here, so both dialects
@@ -43,8 +44,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway.ledger.aggregate import UsageRow
+from gateway.ledger.sql.compact import THROUGH
 from gateway.ledger.sql.params import Params, ordered
-from gateway.ledger.sql.schema import ROLLUP_COUNTERS
+from gateway.ledger.sql.schema import ROLLUP_COUNTERS, ROLLUP_KEYS
 from gateway.ledger.window import DAY_MS, MAX_RANGE_DAYS, iso_day, iso_hour, iso_month
 
 if TYPE_CHECKING:
@@ -170,6 +172,22 @@ def decode_cursor(text: str, group_by: Sequence[str]) -> tuple[int | str, ...]:
     return tuple(cursor.k)
 
 
+def _days_and_hours(p: Params, tenant: str | None, lo_ms: int, hi_ms: int) -> str:
+    """The rollup rows of a read of whole days, as one source with a time column ``t``: the
+    days before the compaction boundary from ``usage_daily``, the hours from it on from
+    ``usage_hourly`` (``compact.py``). Each side carries the tenant and the range, so each is
+    a range of its table's primary key; the boundary is read in the statement's snapshot."""
+    columns = ", ".join([*ROLLUP_KEYS, *(f'"{c}"' for c in ROLLUP_COUNTERS)])
+    sides = []
+    for table, column, op in (("usage_daily", "day_ms", "<"), ("usage_hourly", "hour_ms", ">=")):
+        where = [f"tenant = {p.add(tenant, 'text')}"] if tenant is not None else []
+        where += [f"{column} >= {p.add(lo_ms, 'bigint')}",
+                  f"{column} < {p.add(hi_ms, 'bigint')}", f"{column} {op} {THROUGH}"]
+        sides.append(f"SELECT {column} AS t, {columns} FROM {table} "
+                     f"WHERE {' AND '.join(where)}")
+    return f"({sides[0]} UNION ALL {sides[1]}) AS u"
+
+
 def _month_starts(lo: int, hi: int) -> list[int]:
     """Unix ms of the first instant of every UTC month that meets ``[lo, hi)``."""
     when = datetime.fromtimestamp(lo / 1000, UTC)
@@ -222,14 +240,17 @@ class UsageQuery:
         # whole UTC days without an hour dimension: the daily rollups answer the same sums
         # from at most 31 rows a group a month instead of 744
         daily = "hour" not in dims and lo_ms % DAY_MS == 0 and hi_ms % DAY_MS == 0
-        table, t = ("usage_daily", "day_ms") if daily else ("usage_hourly", "hour_ms")
         p = Params(dialect)
+        if daily:
+            source, t = _days_and_hours(p, tenant, lo_ms, hi_ms), "t"
+        else:
+            source, t = "usage_hourly", "hour_ms"
         exprs: list[str] = []
         for dim in dims:
             if dim == "hour":
                 exprs.append(t)
             elif dim == "day":
-                exprs.append(t if daily else f"({t} - {t} % {DAY_MS})")
+                exprs.append(f"({t} - {t} % {DAY_MS})")
             elif dim == "month":
                 starts = _month_starts(lo_ms, hi_ms)
                 bounds = [*starts[1:], hi_ms]
@@ -252,7 +273,7 @@ class UsageQuery:
                 where.append(f"{column} >= {p.add(key[0], 'text')}")
         sums = ", ".join(f'CAST(sum("{c}") AS bigint) AS "{c}"' for c in ROLLUP_COUNTERS)
         groups = [f"{e} AS g{i}" for i, e in enumerate(exprs)]
-        inner = (f"SELECT {', '.join([*groups, sums])} FROM {table} "
+        inner = (f"SELECT {', '.join([*groups, sums])} FROM {source} "
                  f"WHERE {' AND '.join(where)}")
         if exprs:
             inner += f" GROUP BY {', '.join(exprs)}"
