@@ -29,7 +29,8 @@ The two sides may also differ by their stores. ``--redis`` starts a redis-server
 ``--postgres`` a PostgreSQL (``pgserver``, migrated with this tree's migrations), both pinned to
 ``--backend-cpu``; their URLs replace ``{redis_url}`` and ``{postgres_url}`` in ``--a``/``--b``.
 ``--a-store``/``--b-store`` ``"name=value ..."`` add ``store:`` options to that side's policy
-(``ledger_durability=buffered``). A side's environment may name another tree
+(``ledger_durability=buffered``); ``--a-workers``/``--b-workers`` its worker processes (the CPU
+of a side is summed over the gateway's process tree). A side's environment may name another tree
 (``PYTHONPATH=/work/wt/old``): the Redis ledger against the PostgreSQL one is
 
     --redis --postgres --a "PYTHONPATH=<tree with the Redis ledger> GATEWAY_REDIS_URL={redis_url}"
@@ -52,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from . import gateway, nginx, payloads, wrk
-from .procs import HOST, ProcessSet, check_endpoint, ensure_tools, free_ports
+from .procs import HOST, Managed, ProcessSet, check_endpoint, ensure_tools, free_ports
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "results" / "overhead-ab.json"
 
@@ -121,9 +122,30 @@ def _start_servers(args: argparse.Namespace, stack: contextlib.ExitStack) -> dic
     return urls
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (a gateway with ``--workers N`` forks its workers)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in task.read_text().split()]
+    return found
+
+
+#: the label of the nginx hop's windows (``--hop``)
+HOP = "nginx hop"
+
+
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU of the gateway's processes (its workers included)."""
+    ticks = 0
+    for member in _tree(pid):
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -150,6 +172,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-store", action="store_true",
                    help="Responses requests with store: false (translation alone, without "
                    "saving the response)")
+    p.add_argument("--a-workers", type=int, default=1,
+                   help="worker processes of A's gateway (`gateway serve --workers`; 1)")
+    p.add_argument("--b-workers", type=int, default=1, help="worker processes of B's gateway")
+    p.add_argument("--hop", action="store_true",
+                   help="also measure the nginx hop (a plain reverse proxy on --proxy-cpu) in "
+                   "a window of each pair, chat API: the floor of the same run")
     p.add_argument("--quotas", action="store_true",
                    help="give the bench tenant a plan with every limit set (as the overhead "
                    "bench's --quotas)")
@@ -175,12 +203,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _start(args: argparse.Namespace, procs: ProcessSet, workdir: Path, env: dict[str, str],
            backend_port: int, api_key: str, label: str, api: str,
-           store: dict[str, str] | None = None) -> tuple[Any, int]:
+           store: dict[str, str] | None = None, workers: int = 1) -> tuple[Any, int]:
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)  # the gateway child inherits it
     try:
         (port,) = free_ports(1)
-        gw = gateway.start(procs, workdir, template=gateway.default_command(), api_key=api_key,
+        template = gateway.default_command().replace("--workers 1", f"--workers {workers}")
+        gw = gateway.start(procs, workdir, template=template, api_key=api_key,
                            port=port, backend_port=backend_port, cpus=args.proxy_cpu or None,
                            label=label, quotas=args.quotas, store=store,
                            log_shim=args.log_sink == "pipe", log_shim_cpus=args.client_cpu or None)
@@ -229,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     sides = {args.a_name: _filled(_env(args.a), urls), args.b_name: _filled(_env(args.b), urls)}
     stores = {args.a_name: _env(args.a_store), args.b_name: _env(args.b_store)}
     apis = {args.a_name: args.a_api, args.b_name: args.b_api}
+    workers = {args.a_name: args.a_workers, args.b_name: args.b_workers}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+    hops: list[dict[str, Any]] = []
     try:
         bj, bs = free_ports(2)
         ports = nginx.PortPair(bj, bs)
@@ -244,11 +275,25 @@ def main(argv: list[str] | None = None) -> int:
             scripts[name].write_text(wrk.lua_script(
                 payloads.request_body(stream=args.stream, api=api, store=not args.no_store),
                 payloads.request_headers(api_key, api)))
+        hop: tuple[Managed, int] | None = None
+        if args.hop:
+            pj, ps = free_ports(2)
+            hop_ports = nginx.PortPair(pj, ps)
+            hop = (nginx.start(procs, tools["nginx"], workdir, "proxy",
+                               nginx.proxy_config(workdir, hop_ports, ports,
+                                                  args.proxy_cpu or None),
+                               hop_ports, args.proxy_cpu or None),
+                   hop_ports.for_mode(args.stream))
+            scripts[HOP] = workdir / f"{mode}-hop.lua"
+            scripts[HOP].write_text(wrk.lua_script(
+                payloads.request_body(stream=args.stream, api="chat"),
+                payloads.request_headers(api_key, "chat")))
         for env in sides.values():  # a live OTLP sink unless a side names another endpoint
             env.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://{HOST}:{ports.json}")
         names = list(sides)
         live = {name: _start(args, procs, workdir, sides[name], ports.for_mode(args.stream),
-                             api_key, name, apis[name], stores[name] or None) for name in names}
+                             api_key, name, apis[name], stores[name] or None, workers[name])
+                for name in names}
         if args.warmup:
             for name in names:
                 _window(args, tools, *live[name], apis[name], scripts[name], args.warmup)
@@ -260,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
                 runs[name].append(run)
                 print(f"[ab] pair {i + 1:>2} {name:>12}: {run['rps']:>8,.0f} req/s  "
                       f"{run['cpu_us_per_request']:6.1f} µs CPU/request", flush=True)
+            if hop is not None:
+                run = _window(args, tools, *hop, "chat", scripts[HOP], args.duration)
+                hops.append(run)
+                print(f"[ab] pair {i + 1:>2} {HOP:>12}: {run['rps']:>8,.0f} req/s  "
+                      f"{run['cpu_us_per_request']:6.1f} µs CPU/request", flush=True)
     finally:
         procs.stop_all()
         stack.close()
@@ -267,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     a, b = (runs[n] for n in names)
     summary = summarize(names, sides, apis, a, b, window_s=args.duration, stream=args.stream)
     summary["stores"] = stores
+    summary["workers"] = workers
+    if hops:
+        requests = sum(r["requests"] for r in hops)
+        summary["hop"] = {"name": HOP, "runs": hops,
+                          "rps": requests / (args.duration * len(hops)),
+                          "cpu_us_per_request": sum(r["cpu_s"] for r in hops) / requests * 1e6}
     print(report(summary))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
@@ -326,6 +382,10 @@ def report(summary: dict[str, Any]) -> str:
         if stream:
             row += f" {s['cpu_us_per_chunk']:.2f} |"
         lines.append(row)
+    if "hop" in summary:  # nginx's own CPU: its master and worker
+        h = summary["hop"]
+        row = f"| {h['name']} | chat | {h['rps']:,.0f} | {h['cpu_us_per_request']:.1f} |"
+        lines.append(row + (" |" if stream else ""))
     pr = summary["pair_ratios"]
     q = quartiles(pr)
     c1, c2, c3 = summary["cpu_pair_quartiles"]

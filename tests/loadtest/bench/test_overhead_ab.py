@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from loadtest.bench.overhead.ab import _cpu_seconds, _env, parse_args
+from loadtest.bench.overhead.ab import _cpu_seconds, _env, _tree, parse_args
 
 
 def test_env_specs_parse_and_reject_garbage() -> None:
@@ -25,6 +26,24 @@ def test_cpu_seconds_grow_with_work() -> None:
     while time.process_time() < deadline:
         pass
     assert _cpu_seconds(os.getpid()) - before >= 0.1
+
+
+def test_cpu_seconds_count_the_workers_a_process_forked() -> None:
+    """A gateway with ``--workers 2`` does its work in child processes: their CPU counts."""
+    burn = ("import time\nd = time.process_time() + 0.3\n"
+            "while time.process_time() < d: pass\ntime.sleep(30)")
+    parent = subprocess.Popen([sys.executable, "-c",
+                               f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                               f"{burn!r}])"])
+    try:
+        deadline = time.monotonic() + 20
+        while _cpu_seconds(parent.pid) < 0.25:
+            assert time.monotonic() < deadline, "the child's CPU was not counted"
+            time.sleep(0.05)
+    finally:
+        for pid in reversed(_tree(parent.pid)):
+            os.kill(pid, 9)
+        parent.wait()
 
 
 def test_arguments_are_checked() -> None:
