@@ -316,6 +316,8 @@ class Gateway:
             now = time.monotonic()
             for pool in self.runtime.router.pools.values():
                 self.metrics.set_queue_depth(pool.name, pool.queued)
+                started, pool.headroom_started = pool.headroom_started, 0
+                self.metrics.set_headroom(pool.name, pool.headroom_in_use, started)
                 for b in pool.backends:
                     self.metrics.set_inflight(pool.name, b.label, b.in_flight)
                     self.metrics.set_backend_health(pool.name, b.label, b.healthy(now))

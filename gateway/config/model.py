@@ -210,6 +210,11 @@ class Pool(_Base, frozen=True):
     #: inside a class, serve tenants by weighted fair share of tokens (a tenant's ``weight``,
     #: else its plan's); false: one queue for all, by deadline and arrival
     fair: bool = True
+    #: with ``fair``: slots above each backend's ``max_in_flight`` that only a tenant holding
+    #: less than its weighted share of the pool's slots may take, so a light tenant beside a
+    #: flood does not wait for the flood's next completion (the flood never gets them); keep
+    #: ``max_in_flight`` + this within the engine's running batch. 0: none
+    fair_headroom: Annotated[int, msgspec.Meta(ge=0, le=64)] = 1
     #: settings of ``strategy: prefix`` (default settings when left out)
     prefix: PrefixRouting | None = None
 

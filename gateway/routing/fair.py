@@ -21,6 +21,12 @@ waiter that leaves unserved (its deadline, its client) costs its flow nothing. A
 last finish tag is kept only while it is ahead of the virtual time, so memory follows what is
 queued.
 
+A flood still keeps every backend slot busy, so a light flow's request, first in the queue,
+waits for the flood's next completion, which it never does alone. :class:`SlotShares` counts
+the slots each flow holds, so the pool can give a flow below its weighted share of them a
+slot of *headroom* above a full backend's limit (``fair_headroom``), which the flood (above
+its share) never gets.
+
 Pure: no clock, no I/O, no asyncio; :class:`~gateway.routing.pool.PoolState` puts its waiters
 here and asks for the next one.
 """
@@ -35,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-__all__ = ["FairQueue"]
+__all__ = ["FairQueue", "SlotShares"]
 
 T = TypeVar("T")
 
@@ -121,8 +127,35 @@ class FairQueue(Generic[T]):
         self._current = None
         return None
 
+    def first_where(self, alive: Callable[[T], bool], wanted: Callable[[T], bool]) -> T | None:
+        """Like :meth:`first`, but among the flows whose head ``wanted`` accepts, in the first
+        level only (so never a lower class before a higher one): the one with the smallest
+        start tag. For what only some flows may take (the pool's headroom), which the flows
+        before them would not get anyway. :meth:`pop_first` takes it."""
+        self._current = None
+        if not self._levels:
+            return None
+        level = min(self._levels)
+        lv = self._levels[level]
+        best: tuple[tuple[float, int], str, T] | None = None
+        for name, f in list(lv.flows.items()):
+            while f.entries and not alive(f.entries[0][2]):
+                self._drop_head(lv, name, f, served=False)
+            if not f.entries:
+                continue
+            item = f.entries[0][2]
+            if (best is None or (f.start, f.version) < best[0]) and wanted(item):
+                best = ((f.start, f.version), name, item)
+        if not lv.flows:
+            del self._levels[level]
+        if best is None:
+            return None
+        self._current = (level, best[1])
+        return best[2]
+
     def pop_first(self) -> T:
-        """Take the waiter :meth:`first` just gave, charge its flow, advance virtual time."""
+        """Take the waiter :meth:`first` (or :meth:`first_where`) just gave, charge its flow,
+        advance virtual time."""
         if self._current is None:
             raise LookupError("pop_first() without a waiter from first()")
         level, name = self._current
@@ -211,3 +244,49 @@ class FairQueue(Generic[T]):
             vtime = lv.vtime  # doubles past what is still owed)
             lv.finished = {n: t for n, t in lv.finished.items() if t > vtime}
             lv.prune_at = 2 * len(lv.finished) + 64
+
+
+class SlotShares:
+    """Backend slots held per flow, and whether a flow holds less than its weighted share.
+
+    A flow's share of ``capacity`` slots is ``capacity * weight / (its weight + the weights of
+    the other flows holding slots)``: the flows holding nothing are left out, as they take
+    nothing from it. A flow alone therefore has all of the capacity as its share, and is never
+    below it while it holds all of it.
+    """
+
+    __slots__ = ("_held", "_weights")
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[int, float]] = {}  # flow -> (slots, weight when it took one)
+        self._weights = 0.0  # sum of the weights in ``_held``
+
+    def take(self, flow: str, weight: float) -> None:
+        """``flow`` got a slot."""
+        slots, w = self._held.get(flow, (0, weight))
+        if not slots:
+            self._weights += w
+        self._held[flow] = (slots + 1, w)
+
+    def give_back(self, flow: str) -> None:
+        """``flow`` freed a slot (one it took: a flow holding none is left alone)."""
+        slots, w = self._held.get(flow, (0, 0.0))
+        if slots > 1:
+            self._held[flow] = (slots - 1, w)
+        elif slots == 1:
+            del self._held[flow]
+            self._weights = max(0.0, self._weights - w) if self._held else 0.0
+
+    def held(self, flow: str) -> int:
+        """Slots ``flow`` holds."""
+        return self._held.get(flow, (0, 0.0))[0]
+
+    def below_share(self, flow: str, weight: float, capacity: int) -> bool:
+        """Does ``flow`` (of ``weight``) hold fewer slots than its share of ``capacity``?"""
+        slots, w = self._held.get(flow, (0, 0.0))
+        others = self._weights - w if slots else self._weights
+        return slots < capacity * weight / (weight + max(0.0, others))
+
+    def __repr__(self) -> str:
+        flows = ", ".join(f"{name}: {slots}" for name, (slots, _) in sorted(self._held.items()))
+        return f"<SlotShares [{flows}]>"

@@ -4,7 +4,10 @@ The queue is ordered by class priority first, so an interactive request never wa
 batch request; inside a class, by weighted fair share of tokens between tenants
 (:mod:`gateway.routing.fair`; with ``fair: false``, one flow for all), and inside a tenant by
 deadline, then arrival. A waiting request holds no backend connection: it holds a future that
-:meth:`PoolState.dispatch` completes with a backend when one frees up.
+:meth:`PoolState.dispatch` completes with a backend when one frees up. A tenant holding less
+than its weighted share of the pool's slots need not wait for one: it may take one of the
+``fair_headroom`` slots above a full backend's ``max_in_flight``, which a tenant at or above
+its share never gets.
 
 The pool also predicts a new request's time to first token (:mod:`gateway.routing.predict`,
 fed by :meth:`PoolState.note_start` and :meth:`PoolState.observe_first_token`): borrowing,
@@ -24,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from gateway.routing.backend import BackendState
 from gateway.routing.errors import NoHealthyBackend, PoolCoolingDown, PoolSaturated
-from gateway.routing.fair import FairQueue
+from gateway.routing.fair import FairQueue, SlotShares
 from gateway.routing.pick import (
     pick_affine,
     pick_least_loaded,
@@ -49,7 +52,7 @@ _TOKENS_ALPHA = 0.1  # weight of the newest prompt in the own-class typical prom
 
 
 class _Waiter:
-    __slots__ = ("affinity", "exclude", "future", "key", "prefix")
+    __slots__ = ("affinity", "exclude", "future", "key", "prefix", "tenant", "weight")
 
     def __init__(
         self,
@@ -58,9 +61,11 @@ class _Waiter:
         exclude: Collection[BackendState],
         affinity: bytes | None,
         prefix: Sequence[int] | None = None,
+        tenant: str = "",
+        weight: float = 1.0,
     ) -> None:
         self.key, self.future, self.exclude, self.affinity = key, future, exclude, affinity
-        self.prefix = prefix
+        self.prefix, self.tenant, self.weight = prefix, tenant, weight
 
     def __lt__(self, other: _Waiter) -> bool:
         return self.key < other.key
@@ -90,6 +95,11 @@ class PoolState:
                 state = BackendState(b, label)
             self.backends.append(state)
         self._queue: FairQueue[_Waiter] = FairQueue()
+        #: slots above each backend's max_in_flight for tenants below their share (fair only)
+        self.fair_headroom = config.fair_headroom if config.fair else 0
+        self._shares = SlotShares()  # slots held per tenant (counted while fair_headroom > 0)
+        #: requests started on the headroom since the metrics last took the count
+        self.headroom_started = 0
         self._seq = itertools.count()
         self._rr = itertools.count()
         self._rng = random.Random()
@@ -125,6 +135,11 @@ class PoolState:
     @property
     def queued(self) -> int:
         return sum(1 for w in self._queue if not w.future.done())
+
+    @property
+    def headroom_in_use(self) -> int:
+        """Slots in use above the backends' max_in_flight (taken from ``fair_headroom``)."""
+        return sum(max(0, b.in_flight - b.config.max_in_flight) for b in self.backends)
 
     def capacity(self, now: float) -> int:
         """max_in_flight summed over healthy backends (all of them in panic mode)."""
@@ -263,13 +278,19 @@ class PoolState:
         exclude: Collection[BackendState] = (),
         affinity: bytes | None = None,
         prefix: Sequence[int] | None = None,
+        *,
+        tenant: str = "",
+        weight: float = 1.0,
+        spare: bool = False,
     ) -> BackendState | None:
-        """A backend with a free slot now, acquired; None if there is none.
+        """A backend with a free slot now, acquired for ``tenant`` (of ``weight``; give
+        :meth:`release` the same tenant); None if there is none.
 
         ``prefix``: the prompt's chunk hashes (``gateway.routing.prefix``), read by
-        ``strategy: prefix`` and recorded against the backend picked.
+        ``strategy: prefix`` and recorded against the backend picked. ``spare``: a slot of
+        ``fair_headroom`` on a full backend instead (the caller checked :meth:`below_share`).
         """
-        options = self.candidates(now, exclude)
+        options = self._spare(now, exclude) if spare else self.candidates(now, exclude)
         backend: BackendState | None = None
         index = self.prefix_index
         if affinity is not None and self.config.affinity is not None:
@@ -290,11 +311,27 @@ class PoolState:
         if backend is not None:
             backend.on_pick(now)
             backend.acquire()
+            if self.fair_headroom:
+                self._shares.take(tenant, weight)
             if index is not None and prefix:
                 # at the pick, not the answer's end: the engine caches the prefix as soon as it
                 # has prefilled it, and the next request sharing it may already be on its way
                 index.record(backend, prefix)
         return backend
+
+    def _spare(self, now: float, exclude: Collection[BackendState]) -> list[BackendState]:
+        """Full backends with ``fair_headroom`` left: only healthy ones (never an ejected or
+        half-open backend, even in panic mode), not cooling down after a Retry-After."""
+        limit = self.fair_headroom
+        return [b for b in self.backends
+                if b.full and b.in_flight < b.config.max_in_flight + limit
+                and b.ejected_until == 0.0 and now >= b.not_before and b not in exclude]
+
+    def below_share(self, tenant: str, weight: float, now: float) -> bool:
+        """May ``tenant`` take a headroom slot: does it hold fewer slots than its weighted share
+        of the capacity, among the tenants holding slots? Never without ``fair_headroom``."""
+        return bool(self.fair_headroom) and self._shares.below_share(
+            tenant, weight, self.capacity(now))
 
     def untried(self, now: float, exclude: Collection[BackendState]) -> bool:
         """Is there a healthy backend not in ``exclude`` (full or not)?"""
@@ -328,7 +365,8 @@ class PoolState:
         """
         now = time.monotonic()
         backend = (None if self.queued or not self.admits(priority, now)
-                   else self.try_pick(now, exclude, affinity, prefix))
+                   else self.try_pick(now, exclude, affinity, prefix, tenant=tenant,
+                                      weight=weight))
         if backend is not None:
             return backend
         if not self.untried(now, exclude):
@@ -352,7 +390,8 @@ class PoolState:
                 f"pool '{self.name}' cannot start this request before its deadline"
                 f" ({ahead} waiting, ~{expected:.1f}s)", self._retry_after(ahead))
         future: asyncio.Future[BackendState] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter((priority, deadline, next(self._seq)), future, exclude, affinity, prefix)
+        waiter = _Waiter((priority, deadline, next(self._seq)), future, exclude, affinity, prefix,
+                         tenant, weight)
         self._queue.push(waiter, level=priority, order=waiter.key, flow=flow, weight=weight,
                          cost=tokens)
         self._queued_tokens += prompt_tokens
@@ -371,7 +410,7 @@ class PoolState:
             elif not future.cancelled() and future.exception() is None and (
                 asyncio.current_task() is not None and asyncio.current_task().cancelling()  # type: ignore[union-attr]
             ):
-                self.release(future.result())  # got a backend but the request is gone
+                self.release(future.result(), tenant)  # got a backend but the request is gone
 
     def _cooling(self, now: float, exclude: Collection[BackendState]) -> int:
         """Seconds until the first backend's Retry-After ends, when all are inside one; else 0.
@@ -383,15 +422,21 @@ class PoolState:
             return max(1, round(min(waits)))
         return 0
 
-    def release(self, backend: BackendState) -> None:
-        """Give a slot back and hand it to the first waiter, if any."""
+    def release(self, backend: BackendState, tenant: str = "") -> None:
+        """Give back a slot acquired for ``tenant`` and hand it to the first waiter, if any."""
         backend.release()
+        if self.fair_headroom:
+            self._shares.give_back(tenant)
         self.predictor.settle(backend)
         self._count_completion()
         self.dispatch()
 
     def dispatch(self) -> None:
-        """Hand free backends to waiters in queue order (the fair queue's next, each time)."""
+        """Hand free backends to waiters in queue order (the fair queue's next, each time).
+
+        With no free slot, a headroom slot goes to the next waiter in fair order whose tenant
+        is below its share, of the first class waiting: the waiters before it are of tenants
+        that may not take it."""
         queue = self._queue
         now = time.monotonic()
         while (waiter := queue.first(_waiting)) is not None:
@@ -399,11 +444,33 @@ class PoolState:
                 if now < self._lent_until:  # no release may come before lending ends
                     self._redispatch_at(self._lent_until)
                 return
-            backend = self.try_pick(now, waiter.exclude, waiter.affinity, waiter.prefix)
+            backend = self.try_pick(now, waiter.exclude, waiter.affinity, waiter.prefix,
+                                    tenant=waiter.tenant, weight=waiter.weight)
             if backend is None:
-                return
+                waiter, backend = self._pick_spare(now)
+                if waiter is None or backend is None:
+                    return
             queue.pop_first()  # served: charged to its tenant's share
             waiter.future.set_result(backend)
+
+    def _pick_spare(self, now: float) -> tuple[_Waiter | None, BackendState | None]:
+        """The next waiter below its share (see :meth:`dispatch`) and a headroom slot for it."""
+        if not self.fair_headroom or not self._spare(now, ()):
+            return None, None
+        capacity = self.capacity(now)
+
+        def wanted(w: _Waiter) -> bool:
+            return (self._shares.below_share(w.tenant, w.weight, capacity)
+                    and bool(self._spare(now, w.exclude)))
+
+        waiter = self._queue.first_where(_waiting, wanted)
+        if waiter is None:
+            return None, None
+        backend = self.try_pick(now, waiter.exclude, waiter.affinity, waiter.prefix,
+                                tenant=waiter.tenant, weight=waiter.weight, spare=True)
+        if backend is not None:
+            self.headroom_started += 1
+        return waiter, backend
 
     def _redispatch_at(self, when: float) -> None:
         """Dispatch again when the lending window ends."""

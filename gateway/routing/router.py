@@ -165,7 +165,8 @@ class Router:
         lender = self._lender(route, pool, prediction, exclude, now)
         if lender is not None:
             lender.note_class(priority, request_class.ttft_target, now)
-            backend = lender.try_pick(now, exclude, route.affinity, route.prefix)
+            backend = lender.try_pick(now, exclude, route.affinity, route.prefix,
+                                      tenant=tenant, weight=weight)
             if backend is None:
                 backend = await lender.acquire(
                     priority, route.deadline, exclude, route.affinity, route.prefix,
@@ -173,12 +174,14 @@ class Router:
             return lender, self._started(lender, backend, route)
         if not pool.queued and pool.admits(priority, now):
             self._shed(route, pool, prediction, now)
-            backend = pool.try_pick(now, exclude, route.affinity, route.prefix)
+            backend = pool.try_pick(now, exclude, route.affinity, route.prefix,
+                                    tenant=tenant, weight=weight)
             if backend is not None:
                 return pool, self._started(pool, backend, route)
         for other in route.spill:
             if other.has_headroom(now, tokens):
-                backend = other.try_pick(now, exclude, route.affinity, route.prefix)
+                backend = other.try_pick(now, exclude, route.affinity, route.prefix,
+                                         tenant=tenant, weight=weight)
                 if backend is not None:
                     return other, self._started(other, backend, route)
         if not pool.untried(now, exclude):

@@ -20,6 +20,8 @@ gauge                       mode        why
 ``gateway_redis_up``        livemin     0 if any worker has lost Redis
 ==========================  ==========  =====================================================
 
+``gateway_pool_headroom_in_use`` is a livesum too (each worker hands out its own headroom).
+
 Label cardinality is bounded: model, pool, class and backend come from the policy, status from
 the gateway. The optional tenant label takes the first ``tenant_cap`` tenants a worker sees;
 the rest read ``other`` (per worker: with N workers up to N x cap names may appear in total).
@@ -336,6 +338,13 @@ class Metrics:
                                      multiprocess_mode="livemin", registry=r)
         self.queue_depth = Gauge("gateway_queue_depth", "Requests waiting for a backend slot.",
                                  ["pool"], multiprocess_mode="livesum", registry=r)
+        self.headroom_in_use = Gauge(
+            "gateway_pool_headroom_in_use", "Slots in use above the backends' max_in_flight: "
+            "fair_headroom taken by tenants below their share of the pool.", ["pool"],
+            multiprocess_mode="livesum", registry=r)
+        self.headroom_started = Counter(
+            "gateway_pool_headroom_dispatches", "Requests started on a pool's fair_headroom "
+            "(their tenant below its share, every slot busy).", ["pool"], registry=r)
         # made on first report: an unlabelled gauge exists (as 0) from creation, which would
         # read "Redis down" for a gateway without Redis, or before its first check
         self.redis_up: Gauge | None = None
@@ -537,6 +546,13 @@ class Metrics:
     def set_queue_depth(self, pool: str, depth: int) -> None:
         if self.enabled:
             self.queue_depth.labels(pool).set(depth)
+
+    def set_headroom(self, pool: str, in_use: int, started: int) -> None:
+        """The pool's headroom slots in use, and ``started`` more requests that took one."""
+        if self.enabled:
+            self.headroom_in_use.labels(pool).set(in_use)
+            if started:
+                self.headroom_started.labels(pool).inc(started)
 
     def set_ledger(self, pending: int, spool_segments: int, outcomes: dict[str, int],
                    lag_ms: float) -> None:

@@ -139,11 +139,11 @@ async def forward(
                                       timeouts, retry.retry_after_max)
         except _Failed as failed:
             last = failed.error
-            pool.release(backend)
+            pool.release(backend, route.tenant)
             if metrics is not None and backend.ejections > ejected_before:
                 metrics.ejection(pool.name, backend.label)
         except BaseException:
-            pool.release(backend)
+            pool.release(backend, route.tenant)
             raise
     if last is None:
         last = NoBackendAvailable("no backend could take the request", headers={"Retry-After": "1"})
@@ -289,4 +289,4 @@ def release(forwarded: Forwarded, ctx: RequestContext) -> None:
             tpot = (ctx.last_chunk_ns - forwarded.first_chunk_ns) / 1e9 / (ctx.output_chunks - 1)
         backend.observe(ttft, tpot)
         forwarded.pool.observe_ttft(ttft)
-    forwarded.pool.release(backend)
+    forwarded.pool.release(backend, ctx.tenant or "")  # the tenant routed (``route.tenant``)

@@ -8,7 +8,11 @@ gateway's), one run measures the pool's capacity (a closed loop of tenant A alon
 
 - ``b-alone``: tenant B alone at its normal rate (``--b-share`` of the capacity, open loop);
 - ``fair``: B at the same rate beside tenant A sending ``--a-factor`` x its fair share (equal
-  weights: half the capacity), fair queuing on (``fair: true``, the default);
+  weights: half the capacity), fair queuing on (``fair: true``, the default) with
+  ``fair_headroom: --headroom`` (1, the default: a slot above each full backend's
+  ``max_in_flight`` for a tenant below its share of the pool's slots);
+- ``fair-no-headroom``: the same with ``fair_headroom: 0`` (fair queuing alone: B's request,
+  first in the queue, waits for the flood's next completion);
 - ``fifo``: the same load with ``fair: false`` on the pool (one queue by deadline and
   arrival, the order before fair queuing).
 
@@ -180,14 +184,25 @@ async def closed_loop(url: str, workers: int, duration: float, warmup: float, pr
     return len(counted) / duration
 
 
+def _metrics(url: str) -> str:
+    req = urllib.request.Request(url + "/metrics",
+                                 headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.read().decode()
+
+
+def headroom_started(url: str) -> float:
+    """Requests the pool started on its ``fair_headroom`` (``gateway_pool_headroom_dispatches``:
+    the gateway reads it from the pool once a second)."""
+    return sum(s.value for family in text_string_to_metric_families(_metrics(url))
+               for s in family.samples if s.name == "gateway_pool_headroom_dispatches_total")
+
+
 def queue_waits(url: str) -> dict[str, dict[str, float]]:
     """Per tenant, from the gateway's ``gateway_tenant_queue_wait_seconds``: the mean wait
     and the p99 bucket's upper bound (the wait inside the gateway, apart from the engine's and
     the client's share of TTFT)."""
-    req = urllib.request.Request(url + "/metrics",
-                                 headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        text = r.read().decode()
+    text = _metrics(url)
     buckets: dict[str, list[tuple[float, float]]] = {}
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
@@ -209,7 +224,8 @@ def queue_waits(url: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def policy(backends: list[str], slots: int, fair: bool, deadline: float) -> dict[str, Any]:
+def policy(backends: list[str], slots: int, fair: bool, deadline: float,
+           headroom: int = 1) -> dict[str, Any]:
     def sha(key: str) -> str:
         return hashlib.sha256(key.encode()).hexdigest()
 
@@ -221,6 +237,7 @@ def policy(backends: list[str], slots: int, fair: bool, deadline: float) -> dict
         "classes": [{"name": "interactive", "priority": 0, "start_deadline": deadline},
                     {"name": "batch", "priority": 10, "start_deadline": 600}],
         "pools": [{"name": "shared", "class": "interactive", "fair": fair, "queue_size": 100000,
+                   "fair_headroom": headroom,
                    "backends": [{"name": f"sim-{i}", "url": u, "max_in_flight": slots}
                                 for i, u in enumerate(backends)]}],
         "models": [{"name": "chat", "pool": "shared", "backend_model": "sim-model"}],
@@ -296,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="A's rate as a multiple of its fair share, half the capacity (5)")
     p.add_argument("--deadline", type=float, default=5.0,
                    help="the interactive class's start_deadline, s (5, the default class)")
+    p.add_argument("--headroom", type=int, default=1,
+                   help="the fair scenario's fair_headroom (1, the default); fair-no-headroom "
+                   "runs with 0")
     p.add_argument("--seed", type=int, default=18)
     p.add_argument("--out", type=Path, default=ROOT / "loadtest/results/fairness.json")
     args = p.parse_args(argv)
@@ -328,22 +348,28 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         plan_b = arrivals(rate_b, args.duration, args.seed)
         plan_a = arrivals(rate_a, args.duration, args.seed + 1)
-        scenarios = [("b-alone", True, {"b": plan_b}),
-                     ("fair", True, {"a": plan_a, "b": plan_b}),
-                     ("fifo", False, {"a": plan_a, "b": plan_b})]
-        for name, fair, plan in scenarios:
+        both = {"a": plan_a, "b": plan_b}
+        scenarios = [("b-alone", True, args.headroom, {"b": plan_b}),
+                     ("fair", True, args.headroom, both),
+                     ("fair-no-headroom", True, 0, both),
+                     ("fifo", False, 0, both)]
+        for name, fair, headroom, plan in scenarios:
             time.sleep(2)  # the engines drain between scenarios
-            with Gateway(tmp, name, policy(urls, args.slots, fair, args.deadline), env) as gw:
+            data = policy(urls, args.slots, fair, args.deadline, headroom)
+            with Gateway(tmp, name, data, env) as gw:
                 print(f"[fairness-bench] {name}", file=sys.stderr, flush=True)
                 res, probes = asyncio.run(open_loop(gw.url, plan, args.duration, args.prompt,
                                                     args.output, args.output_spread,
                                                     args.seed))
                 waits = queue_waits(gw.url)
+                time.sleep(1.2)  # the last second's headroom dispatches reach /metrics
+                started = headroom_started(gw.url)
             total = sum(t.output_tokens for t in res.values())
             for tenant, t in res.items():
                 rows.append(_row(name, tenant, t, args.duration, total, waits.get(tenant, {})))
                 rows[-1]["healthz_p50_ms"] = pct(probes, 0.5) * 1000
                 rows[-1]["healthz_p99_ms"] = pct(probes, 0.99) * 1000
+                rows[-1]["headroom_dispatches"] = started  # the pool's, not the tenant's
     finally:
         for proc in sims:
             proc.terminate()
@@ -376,14 +402,19 @@ def summarise(rows: list[dict[str, Any]], capacity: float, args: argparse.Namesp
     alone, fair, fifo = by[("b-alone", "b")], by[("fair", "b")], by[("fifo", "b")]
     ratio = fair["ttft_p99_ms"] / alone["ttft_p99_ms"]
     ratio_fifo = fifo["ttft_p99_ms"] / alone["ttft_p99_ms"]
+    bare = by[("fair-no-headroom", "b")]
+    ratio_bare = bare["ttft_p99_ms"] / alone["ttft_p99_ms"]
     a_fair = by[("fair", "a")]
     # A's fair share: half the pool's output tokens at capacity (equal weights)
     share_tok = capacity * args.output / 2
     lines += ["",
               f"- {'PASS' if ratio <= 1.3 else 'FAIL'} B's TTFT p99 with fair queuing "
-              f"{ratio:.2f}x B alone (target <= 1.3x); without it {ratio_fifo:.2f}x, "
+              f"{ratio:.2f}x B alone (target <= 1.3x); with no headroom {ratio_bare:.2f}x "
+              f"(queue wait mean {bare['queue_wait_mean_ms']:.0f} ms against "
+              f"{fair['queue_wait_mean_ms']:.0f}); without fair queuing {ratio_fifo:.2f}x, "
               f"{100 * fifo['ok_share']:.1f}% of B's requests answered (fair: "
-              f"{100 * fair['ok_share']:.1f}%)",
+              f"{100 * fair['ok_share']:.1f}%); {fair['headroom_dispatches']:.0f} requests "
+              f"started on the headroom (B sent {fair['sent']}, A {a_fair['sent']})",
               f"- {'PASS' if a_fair['output_tok_s'] >= 0.9 * share_tok else 'FAIL'} A served "
               f"{a_fair['output_tok_s']:,.0f} output tok/s with fair queuing, its fair share is "
               f"{share_tok:,.0f} (half of capacity {capacity:.1f} req/s x {args.output})"]

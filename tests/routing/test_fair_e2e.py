@@ -29,6 +29,7 @@ def _policy(sim_url: str, fair: bool) -> dict[str, Any]:
     pool = data["pools"][0]
     pool["backends"][0]["max_in_flight"] = 1
     pool["fair"] = fair
+    pool["fair_headroom"] = 0  # the queue's order alone (the headroom test sets its own)
     data["auth"] = {"keys": [
         {"id": f"key-{t}", "sha256": hashlib.sha256(k.encode()).hexdigest(), "tenant": t}
         for t, k in KEYS.items()]}
@@ -84,6 +85,12 @@ def _run(gw: GatewayProcess) -> tuple[list[str], int]:
     return done, before
 
 
+def _headroom_started(gw: GatewayProcess) -> float:
+    r = httpx.get(gw.url + "/metrics", headers={"Authorization": f"Bearer {METRICS}"})
+    return sum(s.value for f in text_string_to_metric_families(r.text) for s in f.samples
+               if s.name == "gateway_pool_headroom_dispatches_total")
+
+
 def _dispatched(gw: GatewayProcess) -> dict[str, float]:
     r = httpx.get(gw.url + "/metrics", headers={"Authorization": f"Bearer {METRICS}"})
     assert r.status_code == 200
@@ -111,3 +118,53 @@ def test_one_tenant_flood_does_not_hold_back_another(
                     assert tokens["a"] > FLOOD * tokens["b"] * 0.9  # same request sizes
         assert positions[True] <= 2, positions
         assert positions[False] >= FLOOD - 3, positions  # every A still waiting went first
+
+
+def test_tenant_below_share_skips_the_flood_on_headroom(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One slot plus ``fair_headroom: 1``: A holds the slot (each of its requests 3 s long)
+    and has one more waiting. B's three requests, sent one after another, each take the
+    headroom and complete before A's first: so each gave its slot back as B's (the
+    forwarder releases it for the tenant it was acquired for); A's waiter never took the
+    headroom. With ``fair_headroom: 0`` B's waits for A's first."""
+    monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", ADMIN)
+    monkeypatch.setenv("GATEWAY_METRICS_TOKEN", METRICS)
+    with SimServer("interactive", speedup=4, jitter=0) as sim:
+        for headroom in (1, 0):
+            data = _policy(sim.url, True)
+            data["pools"][0]["fair_headroom"] = headroom
+            with GatewayProcess(tmp_path, data) as gw:
+                done: list[str] = []
+                lock = threading.Lock()
+
+                def send(tenant: str, gw: GatewayProcess = gw, done: list[str] = done,
+                         lock: threading.Lock = lock) -> None:
+                    r = httpx.post(gw.url + "/v1/chat/completions", timeout=120, headers={
+                        "Authorization": f"Bearer {KEYS[tenant]}",
+                        "x-sim-extra-latency-ms": "3000" if tenant == "a" else "0"},
+                        json={"model": "chat-model", "max_tokens": 8,
+                              "messages": [{"role": "user", "content": "hello there"}]})
+                    assert r.status_code == 200, r.text
+                    with lock:
+                        done.append(tenant)
+
+                flood = [threading.Thread(target=send, args=("a",)) for _ in range(2)]
+                for t in flood:
+                    t.start()
+                _until(lambda gw=gw: _queued(gw) == 1, "A's second never queued")
+                for _ in range(3 if headroom else 1):
+                    send("b")
+                with lock:
+                    order = list(done)
+                for t in flood:
+                    t.join()
+                if headroom:
+                    assert order == ["b", "b", "b"], order
+                else:  # after A's first (and its second, tied with B at the start)
+                    assert order[0] == "a" and order[-1] == "b", order
+                r = httpx.post(gw.url + "/admin/stats",
+                               headers={"Authorization": f"Bearer {ADMIN}"})
+                assert r.json()["pools"]["chat"]["in_flight"] == 0
+                # read from the pool once a second
+                _until(lambda gw=gw, n=3 * headroom: _headroom_started(gw) == n,
+                       "headroom dispatches never counted")

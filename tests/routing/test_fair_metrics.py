@@ -56,3 +56,15 @@ def test_disabled_counts_nothing() -> None:
     m.dispatched("chat", "a", 0.0, 10)
     assert not any(name.startswith("gateway_tenant_dispatched")
                    for name, _ in _samples(m))
+
+
+def test_headroom_in_use_and_started() -> None:
+    """The pool's headroom: slots in use now (a gauge), requests started on it (a counter,
+    added to by what the pool counted since the last report)."""
+    m = Metrics()
+    m.set_headroom("chat", 2, 3)
+    m.set_headroom("chat", 1, 0)
+    m.set_headroom("chat", 0, 2)
+    s = _samples(m)
+    assert _get(s, "gateway_pool_headroom_in_use", pool="chat") == 0
+    assert _get(s, "gateway_pool_headroom_dispatches_total", pool="chat") == 5

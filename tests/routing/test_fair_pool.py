@@ -105,9 +105,10 @@ async def test_tenant_alone_gets_the_whole_pool() -> None:
 
 async def test_flooding_tenant_does_not_take_the_queue() -> None:
     """A queued 50 requests first; B's one request, queued last, is served second - with
-    ``fair: false`` it is served last."""
+    ``fair: false`` it is served last. (The queue's own order: no headroom, which would let
+    both tenants past the slot held by a third; see the headroom tests below.)"""
     for fair, position in ((True, 1), (False, 50)):
-        pool = _pool(fair=fair)
+        pool = _pool(fair=fair, fair_headroom=0)
         held = await _hold_all(pool)
         order: list[str] = []
 
@@ -127,8 +128,8 @@ async def test_flooding_tenant_does_not_take_the_queue() -> None:
 
 async def test_class_priority_wins_over_shares() -> None:
     """A batch tenant of weight 100 with tiny requests still waits behind an interactive
-    tenant of weight 0.01 with a huge one."""
-    pool = _pool()
+    tenant of weight 0.01 with a huge one (the queue's order: no headroom)."""
+    pool = _pool(fair_headroom=0)
     held = await _hold_all(pool)
     order: list[str] = []
 
@@ -150,8 +151,9 @@ async def test_class_priority_wins_over_shares() -> None:
 
 async def test_deadline_still_ends_the_wait() -> None:
     """Waiters of a tenant whose deadline passes get PoolSaturated at it, leave the queue, and
-    cost their tenant nothing: its next request is served next to B's, not after B's."""
-    pool = _pool()
+    cost their tenant nothing: its next request is served next to B's, not after B's. (No
+    headroom: A, below its share of the slot held by a third, would take one.)"""
+    pool = _pool(fair_headroom=0)
     held = await _hold_all(pool)
     t0 = time.monotonic()
     late = [asyncio.create_task(pool.acquire(0, t0 + 0.2, tenant="a", tokens=1000))
@@ -211,3 +213,179 @@ async def test_start_deadline_judged_on_fair_position() -> None:
         for w in waiters:
             w.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
+
+
+# --- headroom: slots above max_in_flight for a tenant below its share (``fair_headroom``)
+async def _flood(pool: PoolState, waiting: int, tenant: str = "a"
+                 ) -> tuple[list[BackendState], list[asyncio.Task[BackendState]]]:
+    """``tenant`` holds every slot and keeps ``waiting`` more requests queued."""
+    held = [await pool.acquire(0, time.monotonic() + 30, tenant=tenant, tokens=500)
+            for _ in range(pool.capacity(time.monotonic()))]
+    queued = [asyncio.create_task(pool.acquire(0, time.monotonic() + 30, tenant=tenant,
+                                               tokens=500)) for _ in range(waiting)]
+    await asyncio.sleep(0.01)
+    return held, queued
+
+
+async def _cancel(tasks: list[asyncio.Task[BackendState]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_tenant_below_share_takes_headroom_flood_does_not() -> None:
+    """A holds all 4 slots of 2 backends with 6 more waiting: none of A's gets a headroom
+    slot (alone, its share is the whole pool, and it holds it). B's requests, each sent
+    after the last is served, are served at once on a full backend's headroom, one per
+    backend (``fair_headroom: 1``); B's third waits, and takes the headroom one of B's
+    frees though A's waiters are before it in fair order (B was charged for its two)."""
+    pool = _pool(n=2, max_in_flight=2)
+    held, flood = await _flood(pool, 6)
+    assert pool.in_flight == 4 and pool.queued == 6
+    assert not any(task.done() for task in flood)
+    got = [await asyncio.wait_for(pool.acquire(0, time.monotonic() + 30, tenant="b",
+                                               tokens=500), 0.5) for _ in range(2)]
+    assert sorted(b.label for b in got) == ["p#0", "p#1"]
+    assert [b.in_flight for b in pool.backends] == [3, 3]
+    assert pool.headroom_in_use == pool.headroom_started == 2
+    third = asyncio.create_task(pool.acquire(0, time.monotonic() + 30, tenant="b", tokens=500))
+    await asyncio.sleep(0.01)
+    assert not third.done() and pool.queued == 7
+    pool.release(got[0], "b")
+    assert (await asyncio.wait_for(third, 0.5)) is got[0] and got[0].in_flight == 3
+    assert not any(task.done() for task in flood)
+    # an A request ends on a backend over its limit: that backend is at max_in_flight, so
+    # no A waiter starts (B's request now holds a slot of A's); a second one frees a slot
+    assert held.count(held[0]) == 2  # A holds both of its max_in_flight slots
+    pool.release(held[0], "a")
+    await asyncio.sleep(0.01)
+    assert pool.in_flight == 5 and not any(task.done() for task in flood)
+    pool.release(held[0], "a")
+    await asyncio.sleep(0.01)
+    assert sum(task.done() for task in flood) == 1 and pool.in_flight == 5
+    await _cancel(flood)
+
+
+async def test_headroom_only_below_the_weighted_share() -> None:
+    """4 backends of one slot, all A's: B (weight 1) may take headroom while it holds fewer
+    than its share, 4 x 1/2 = 2 slots, so its third request waits though two headroom slots
+    are left; C, of weight 3 beside A, may hold up to 3 (4 x 3/4; B's share shrinks when C
+    holds slots, which the test does not need)."""
+    pool = _pool(n=4, max_in_flight=1)
+    _, flood = await _flood(pool, 3)
+    b = [await asyncio.wait_for(pool.acquire(0, time.monotonic() + 30, tenant="b"), 0.5)
+         for _ in range(2)]
+    third = asyncio.create_task(pool.acquire(0, time.monotonic() + 30, tenant="b"))
+    await asyncio.sleep(0.01)
+    assert not third.done() and pool.in_flight == 6
+    assert not pool.below_share("b", 1.0, time.monotonic())
+    await _cancel([third])
+    for backend in b:
+        pool.release(backend, "b")
+    assert pool.in_flight == 4 and pool.queued == 3  # B's release went to nobody: A's stay
+    c = [await asyncio.wait_for(pool.acquire(0, time.monotonic() + 30, tenant="c",
+                                             weight=3.0), 0.5) for _ in range(3)]
+    assert pool.in_flight == 7
+    assert not pool.below_share("c", 3.0, time.monotonic())
+    assert len({backend.label for backend in c}) == 3
+    await _cancel(flood)
+
+
+async def test_headroom_freed_on_release() -> None:
+    """B's headroom slot is given back when B's request ends: the backend is at its
+    max_in_flight again, so A's waiters still get nothing, and B's next request takes the
+    headroom again."""
+    pool = _pool(n=1, max_in_flight=2)
+    _, flood = await _flood(pool, 4)
+    for _ in range(3):
+        b = await asyncio.wait_for(pool.acquire(0, time.monotonic() + 30, tenant="b"), 0.5)
+        assert b.in_flight == 3
+        pool.release(b, "b")
+        await asyncio.sleep(0)
+        assert b.in_flight == 2 and pool.queued == 4 and pool.headroom_in_use == 0
+    assert not any(task.done() for task in flood)
+    await _cancel(flood)
+
+
+async def test_tenant_alone_never_takes_headroom() -> None:
+    """A tenant alone fills the pool and then waits: it holds its whole share, so it never
+    goes past max_in_flight (a slot freed goes to its next waiter, as without headroom)."""
+    pool = _pool(n=2, max_in_flight=2)
+    held, flood = await _flood(pool, 5)
+    assert pool.in_flight == 4 and not any(task.done() for task in flood)
+    pool.release(held[0], "a")
+    await asyncio.sleep(0.01)
+    assert pool.in_flight == 4 and sum(task.done() for task in flood) == 1
+    await _cancel(flood)
+
+
+@pytest.mark.parametrize("kw", [
+    pytest.param({"fair_headroom": 0}, id="headroom-0"),
+    pytest.param({"fair": False}, id="fifo"),
+])
+async def test_no_headroom_without_the_key_or_fair_queuing(kw: dict[str, object]) -> None:
+    """With ``fair_headroom: 0``, or ``fair: false`` (one flow: no shares to judge), B waits
+    like A's requests: nothing goes past max_in_flight."""
+    pool = _pool(n=2, max_in_flight=2, **kw)
+    _, flood = await _flood(pool, 2)
+    ask = asyncio.create_task(pool.acquire(0, time.monotonic() + 30, tenant="b"))
+    await asyncio.sleep(0.01)
+    assert not ask.done() and pool.in_flight == 4
+    await _cancel([ask, *flood])
+
+
+async def test_headroom_never_on_an_ejected_or_cooling_backend() -> None:
+    """Of 3 full backends, one ejected (kept in the pool: panic mode is below half healthy)
+    and one cooling down after a Retry-After: B's headroom slot is on the third; once that
+    is taken, B's next waits."""
+    pool = _pool(n=3, max_in_flight=1)
+    _, flood = await _flood(pool, 2)
+    now = time.monotonic()
+    ejected, cooling, good = pool.backends
+    for _ in range(pool.config.health.eject_after):
+        ejected.on_failure(pool.config.health, now)
+    cooling.on_retry_after(30, now)
+    assert ejected.ejected_until > now
+    b = await asyncio.wait_for(pool.acquire(0, time.monotonic() + 30, tenant="b"), 0.5)
+    assert b is good and good.in_flight == 2
+    ask = asyncio.create_task(pool.acquire(0, time.monotonic() + 30, tenant="b"))
+    await asyncio.sleep(0.01)
+    assert not ask.done() and ejected.in_flight == cooling.in_flight == 1
+    await _cancel([ask, *flood])
+
+
+async def test_headroom_keeps_class_priority() -> None:
+    """A batch tenant below its share gets no headroom while an interactive request waits
+    before it (no waiter jumps the queue's order); an interactive tenant below its share
+    does, and the batch waiter takes the headroom once nothing of a higher class waits."""
+    pool = _pool(n=1, max_in_flight=1)
+    held, flood = await _flood(pool, 1)
+    batch = asyncio.create_task(pool.acquire(10, time.monotonic() + 30, tenant="c"))
+    await asyncio.sleep(0.01)
+    assert not batch.done()
+    b = await asyncio.wait_for(pool.acquire(0, time.monotonic() + 30, tenant="b"), 0.5)
+    assert b.in_flight == 2 and not batch.done()
+    pool.release(b, "b")  # the headroom is free, but A's interactive waiter is first
+    await asyncio.sleep(0.01)
+    assert not batch.done() and not flood[0].done()
+    pool.release(held[0], "a")  # to A's waiter; then nothing interactive waits
+    assert (await asyncio.wait_for(batch, 0.5)).in_flight == 2
+    assert flood[0].done()
+
+
+async def test_cancelled_waiter_gives_its_slot_back_to_its_tenant() -> None:
+    """A waiter served a headroom slot and cancelled before it runs (its request gone) gives
+    the slot back as its tenant's: the tenant is not left counted as holding it."""
+    pool = _pool(n=1, max_in_flight=1)
+    _, flood = await _flood(pool, 0)
+    first = await asyncio.wait_for(pool.acquire(0, time.monotonic() + 30, tenant="b"), 0.5)
+    ask = asyncio.create_task(pool.acquire(0, time.monotonic() + 30, tenant="b"))
+    await asyncio.sleep(0.01)
+    assert not ask.done()  # B holds its share (1 of 2 slots in flight, share 1/2)
+    pool.release(first, "b")  # B below its share again: its waiter gets the headroom...
+    assert pool.in_flight == 2
+    ask.cancel()  # ... and leaves before it runs
+    await asyncio.gather(ask, return_exceptions=True)
+    assert pool.in_flight == 1
+    assert repr(pool._shares) == "<SlotShares [a: 1]>"
+    await _cancel(flood)

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from gateway.routing import fair
-from gateway.routing.fair import FairQueue
+from gateway.routing.fair import FairQueue, SlotShares
 
 
 def _alive(_: object) -> bool:
@@ -36,7 +36,7 @@ class _Order:
 
 
 def test_exported_names() -> None:
-    assert fair.__all__ == ["FairQueue"]
+    assert fair.__all__ == ["FairQueue", "SlotShares"]
 
 
 @pytest.mark.parametrize(("weights", "costs"), [
@@ -209,3 +209,52 @@ def test_pop_first_needs_first() -> None:
     q.push("x", level=0, order=(0, 0), flow="a", weight=1, cost=1)
     with pytest.raises(LookupError):
         q.pop_first()
+
+
+def test_first_where_skips_flows_not_wanted_inside_the_first_level() -> None:
+    """``first_where`` gives the wanted flow's head with the smallest start tag, passing
+    the flows before it (A, first in order) but never a higher level's waiters for a lower
+    level's; ``pop_first`` then takes it and charges its flow."""
+    q: FairQueue[str] = FairQueue()
+    order = _Order()
+    for i in range(5):
+        q.push(f"a{i}", level=0, order=order(), flow="a", weight=1, cost=100)
+    q.push("b0", level=0, order=order(), flow="b", weight=1, cost=100)
+    q.push("c0", level=0, order=order(), flow="c", weight=1, cost=100)
+    q.push("batch", level=10, order=order(), flow="d", weight=1, cost=100)
+    assert q.first(_alive) == "a0"  # the tie at the start goes to the oldest flow
+
+    def not_a(item: str) -> bool:
+        return not item.startswith("a")
+
+    assert q.first_where(_alive, not_a) == "b0"
+    assert q.pop_first() == "b0"
+    assert q.first_where(lambda item: item != "c0", not_a) is None  # c0 gone: dropped
+    assert q.first_where(_alive, lambda item: item == "batch") is None  # level 0 first
+    assert len(q) == 6 and q.flows(0) == 1
+    assert _serve(q, 6) == ["a0", "a1", "a2", "a3", "a4", "batch"]
+
+
+def test_slot_shares_weighted_among_the_flows_holding_slots() -> None:
+    """A flow's share of the capacity is its weight over the weights of the flows holding
+    slots (its own included): alone it is the whole capacity, held in full it is not below;
+    a flow giving back its last slot stops counting."""
+    s = SlotShares()
+    for _ in range(8):
+        s.take("a", 1.0)
+    assert not s.below_share("a", 1.0, 8)  # alone, holding everything
+    assert s.below_share("b", 1.0, 8)  # 0 of 4
+    for _ in range(3):
+        s.take("b", 1.0)
+    assert s.below_share("b", 1.0, 8) and s.held("b") == 3  # 3 of 8 x 1/2
+    s.take("b", 1.0)
+    assert not s.below_share("b", 1.0, 8)  # 4 of 4
+    assert s.below_share("c", 2.0, 8)  # 0 of 8 x 2/4
+    for _ in range(4):
+        s.give_back("b")
+    s.give_back("b")  # one too many: nothing held, nothing changes
+    assert s.held("b") == 0 and repr(s) == "<SlotShares [a: 8]>"
+    assert not s.below_share("a", 1.0, 8)
+    for _ in range(8):
+        s.give_back("a")
+    assert repr(s) == "<SlotShares []>" and s._weights == 0.0
