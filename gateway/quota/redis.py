@@ -389,7 +389,8 @@ class RedisQuotaStore(QuotaStore):
         self, reservation: Reservation, actual_tokens: int, actual_cost: int | None = None
     ) -> bool:
         cost = -1 if actual_cost is None else max(0, actual_cost)
-        # nobody waits on a settle's timing: it may share a write with others (``urgent``)
+        # nobody waits on a settle's reply: it may wait for a batch on the wire to share a
+        # write, and a reserve never waits behind it (``urgent``, gateway/redis/pipelined.py)
         encoded = self._settle_encoded(reservation, max(0, actual_tokens), cost)
         reply = await self._run(self._settle, encoded, urgent=False)
         if not isinstance(reply, list):  # 0: settled before, or its record expired
@@ -463,8 +464,9 @@ class RedisQuotaStore(QuotaStore):
     async def _run(self, script: _Script, command: bytes, *, urgent: bool = True) -> Any:
         """Send one encoded EVALSHA (plus a load on ``NOSCRIPT``), bounded, errors translated.
 
-        ``urgent=False`` lets the pipelined client hold the command up to ~1 ms so it shares a
-        ``write`` with others (settles: the response is already on its way). The client bounds
+        ``urgent=False`` lets the pipelined client hold the command behind a batch on the wire
+        (up to ~1 ms) so it shares a ``write`` with others (settles: the response is already
+        on its way); urgent calls (reserves) never wait behind such commands. The client bounds
         each call (the pipelined one on its coarse deadline wheel, without a timer per call).
         """
         if not self._backoff.allow():

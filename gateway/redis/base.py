@@ -34,7 +34,8 @@ class RedisLike(Protocol):
     async def execute_encoded(self, command: bytes, *, urgent: bool = True,
                               timeout: float | None = None) -> Any:
         """One command already in RESP (the stores keep their hot commands' fixed parts
-        encoded). ``urgent=False``: it may wait ~1 ms to share a write with others.
+        encoded). ``urgent=False``: it may wait for a batch on the wire (~1 ms at most) to
+        share a write with others, and urgent commands never wait behind it.
         ``timeout``: raise ``redis.exceptions.TimeoutError`` (or ``TimeoutError``) after about
         that many seconds."""
 

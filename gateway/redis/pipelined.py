@@ -10,6 +10,14 @@ request. This client keeps one connection and writes every command issued in the
 iteration in one ``write`` (auto-pipelining); replies are parsed by hiredis and matched to
 callers in order. Each caller still waits exactly one round trip.
 
+One batch of commands is on the wire at a time, so that under load the commands issued while a
+batch is answered share the next write, with one exception: an urgent command (a reserve, a
+request waits for it) never waits behind a batch of non-urgent ones (settles, whose replies
+nobody waits for). At one connection a request's settle goes out as soon as its response has
+ended, and the next request's reserve is then written at once, beside it on the wire if its
+reply has not come yet; both on one connection, so Redis still runs the settle first (a slot
+it frees is free for the reserve behind it).
+
 It speaks to one Redis node (``redis://[user:password@]host[:port][/db]``); Redis Cluster,
 TLS and unix sockets stay on redis-py (``client.py`` picks, ``pyredis.py`` adapts it to the
 same interface, ``base.RedisLike``). Errors are redis-py's exception classes, so the stores'
@@ -45,7 +53,7 @@ from gateway.timers.deadlines import wheel
 
 __all__ = ["LAZY_FLUSH_S", "PipelinedRedis", "supports_url"]
 
-#: how long a non-urgent command may wait for others to share its write
+#: how long a command may wait for the batch on the wire before it is written anyway
 LAZY_FLUSH_S = 0.001
 
 _ERRORS: tuple[tuple[str, type[ResponseError] | type[RedisConnectionError]], ...] = (
@@ -77,8 +85,9 @@ def _error(reply: hiredis.ReplyError) -> Exception:
 
 
 class _Protocol(asyncio.Protocol):
-    __slots__ = ("client", "deadlines", "flush_later", "flush_scheduled", "loop", "pending",
-                 "reader", "transport", "waiters", "writes")
+    __slots__ = ("answered", "client", "deadlines", "flush_later", "flush_scheduled", "loop",
+                 "pending", "pending_urgent", "reader", "sent", "transport", "urgent_sent",
+                 "waiters", "writes")
 
     def __init__(self, client: PipelinedRedis, loop: asyncio.AbstractEventLoop) -> None:
         self.client = client
@@ -90,26 +99,41 @@ class _Protocol(asyncio.Protocol):
         #: one per command sent or pending, in order: replies are matched to them
         self.waiters: deque[asyncio.Future[Any]] = deque()
         self.pending: list[bytes] = []
+        #: an urgent command is among ``pending``
+        self.pending_urgent = False
         self.flush_scheduled = False
         self.flush_later: asyncio.TimerHandle | None = None
         self.writes = 0
+        #: commands written and replies read since the connection opened; an urgent command
+        #: is on the wire while ``answered < urgent_sent`` (the end of the last batch that
+        #: held one)
+        self.sent = self.answered = self.urgent_sent = 0
 
     def queue(self, command: bytes, urgent: bool) -> asyncio.Future[Any]:
-        """Queue an encoded command; the future gets its reply. The write happens at the end
-        of this loop iteration (``urgent``) or within :data:`LAZY_FLUSH_S`."""
+        """Queue an encoded command; the future gets its reply.
+
+        The write happens at the end of this loop iteration when nothing is on the wire, or
+        when ``urgent`` and what is on the wire holds no urgent command (a reserve does not
+        wait behind settles); otherwise when the batch on the wire is answered, within
+        :data:`LAZY_FLUSH_S` at the latest."""
         waiter: asyncio.Future[Any] = self.loop.create_future()
         waiters = self.waiters
         waiters.append(waiter)
-        self.pending.append(command)
+        pending = self.pending
+        pending.append(command)
+        if urgent:
+            self.pending_urgent = True
         if not self.flush_scheduled:
-            if urgent and len(waiters) == len(self.pending):
-                # nothing on the wire: write at the end of this loop iteration
+            if len(waiters) == len(pending) or (urgent and self.urgent_sent <= self.answered):
+                # nothing on the wire, or only commands nobody waits on: write at the end of
+                # this loop iteration (with whatever else it queues)
                 self.flush_scheduled = True
                 self.loop.call_soon(self.flush)
             elif self.flush_later is None:
-                # replies outstanding (or not urgent): the command goes out when they are all
-                # in, with the others queued meanwhile, so under load commands share writes
-                # (one batch on the wire at a time); the timer bounds the wait
+                # a batch is on the wire that this command may wait for: it goes out when
+                # those replies are in, with the others queued meanwhile, so under load
+                # commands share writes (one batch on the wire at a time); the timer bounds
+                # the wait
                 self.flush_later = self.loop.call_later(LAZY_FLUSH_S, self.flush)
         return waiter
 
@@ -124,6 +148,10 @@ class _Protocol(asyncio.Protocol):
         if not pending or transport is None or transport.is_closing():
             return  # connection_lost fails the waiters
         self.pending = []
+        self.sent += len(pending)
+        if self.pending_urgent:
+            self.pending_urgent = False
+            self.urgent_sent = self.sent
         transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
         self.writes += 1
 
@@ -138,6 +166,7 @@ class _Protocol(asyncio.Protocol):
             if not waiters:  # a reply nobody asked for: the stream is out of step
                 self.transport.close()  # type: ignore[union-attr]
                 return
+            self.answered += 1
             waiter = waiters.popleft()
             if waiter.done():  # its caller timed out or was cancelled; the order holds
                 continue
@@ -145,9 +174,11 @@ class _Protocol(asyncio.Protocol):
                 waiter.set_exception(_error(reply))
             else:
                 waiter.set_result(reply)
-        if self.pending and not self.flush_scheduled and len(waiters) == len(self.pending):
-            # the wire is clear: write the commands that waited for it, with any the woken
-            # callers add in this loop iteration
+        if self.pending and not self.flush_scheduled and (
+                len(waiters) == len(self.pending)
+                or (self.pending_urgent and self.urgent_sent <= self.answered)):
+            # the wire is clear (or holds no urgent command while one waits): write the
+            # commands that waited, with any the woken callers add in this loop iteration
             self.flush_scheduled = True
             self.loop.call_soon(self.flush)
 
@@ -208,8 +239,10 @@ class PipelinedRedis:
                               timeout: float | None = None) -> Any:
         """Send one command with whatever else this loop iteration sends; its reply.
 
-        ``urgent=False``: the command may wait up to :data:`LAZY_FLUSH_S` for company (a
-        write per command is most of a call's cost); any urgent command takes it along.
+        ``urgent=False``: the command may wait for the batch on the wire (up to
+        :data:`LAZY_FLUSH_S`) to share the next write (a write per command is most of a call's
+        cost), and an urgent command never waits behind it; at an idle connection it is
+        written at once, like any other.
         ``timeout``: raise ``redis.exceptions.TimeoutError`` if no reply came within about
         that many seconds (a coarse deadline wheel, not a timer per call); the reply's place
         in the stream is kept, so later replies still reach their callers.

@@ -7,10 +7,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import redis
 from redis.exceptions import AuthenticationError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.redis import pipelined
 from gateway.redis.pipelined import PipelinedRedis, supports_url
 from tests.redis_servers import RedisProc
 
@@ -100,7 +102,7 @@ async def test_non_urgent_commands_wait_briefly_to_share_a_write(client: Pipelin
     before = _writes(client)
     started = asyncio.get_running_loop().time()
     assert await client.execute_command("PING", urgent=False) == b"PONG"
-    assert asyncio.get_running_loop().time() - started < 0.5  # the timer sent it alone
+    assert asyncio.get_running_loop().time() - started < 0.5  # sent alone
 
     async def lazy(i: int) -> Any:
         await asyncio.sleep(0)  # issued over several loop iterations
@@ -117,3 +119,71 @@ async def test_timeout_raises_redis_timeout_and_keeps_the_order(client: Pipeline
     with pytest.raises(RedisTimeoutError):
         await client.execute_command("BLPOP", "resp-empty-2", 0.3, timeout=0.05)
     assert await client.execute_command("GET", "resp-t", timeout=1.0) == b"b"
+
+
+async def test_a_lone_non_urgent_command_is_written_at_once(
+    client: PipelinedRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At an idle connection a settle has nobody to share a write with: waiting for company
+    would only put it in the way of the next request's reserve. (The timer is made long, so
+    the wait would show.)"""
+    await client.ping()
+    monkeypatch.setattr(pipelined, "LAZY_FLUSH_S", 30.0)
+    assert await asyncio.wait_for(client.execute_command("PING", urgent=False), 5.0) == b"PONG"
+
+
+async def _written(client: PipelinedRedis, writes: int) -> None:
+    """Until the client has made ``writes`` writes (a few loop iterations)."""
+    for _ in range(200):
+        if _writes(client) >= writes:
+            return
+        await asyncio.sleep(0.001)
+
+
+async def test_an_urgent_command_is_not_held_behind_non_urgent_ones_on_the_wire(
+    client: PipelinedRedis, redis_proc: RedisProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reserve issued while the last request's settle is on the wire unanswered goes out
+    at once, beside it (Redis answers them in order), instead of a round trip later."""
+    await client.ping()
+    monkeypatch.setattr(pipelined, "LAZY_FLUSH_S", 30.0)
+    before = _writes(client)
+    other = redis.Redis.from_url(redis_proc.url)
+    try:
+        other.execute_command("CLIENT", "PAUSE", 400, "ALL")  # the server holds the replies
+        settle = asyncio.ensure_future(client.execute_command("ECHO", "settle", urgent=False))
+        await _written(client, before + 1)
+        assert _writes(client) == before + 1 and not settle.done()
+        reserve = asyncio.ensure_future(client.execute_command("ECHO", "reserve"))
+        await _written(client, before + 2)
+        # written while the settle is still unanswered: one round trip, not two
+        assert _writes(client) == before + 2 and not settle.done()
+        assert await asyncio.wait_for(reserve, 5.0) == b"reserve"
+        assert await asyncio.wait_for(settle, 5.0) == b"settle"
+    finally:
+        other.close()
+
+
+async def test_an_urgent_command_waits_for_an_urgent_batch_on_the_wire(
+    client: PipelinedRedis, redis_proc: RedisProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind an urgent command on the wire, later ones still wait and share the next write
+    (one batch at a time under load)."""
+    await client.ping()
+    monkeypatch.setattr(pipelined, "LAZY_FLUSH_S", 30.0)
+    before = _writes(client)
+    other = redis.Redis.from_url(redis_proc.url)
+    try:
+        other.execute_command("CLIENT", "PAUSE", 300, "ALL")
+        first = asyncio.ensure_future(client.execute_command("ECHO", "first"))
+        await _written(client, before + 1)
+        later = [asyncio.ensure_future(client.execute_command("ECHO", str(i)))
+                 for i in range(5)]
+        await asyncio.sleep(0.02)
+        assert _writes(client) == before + 1 and not first.done()
+        assert await asyncio.wait_for(asyncio.gather(*later), 5.0) == [
+            str(i).encode() for i in range(5)]
+        assert await first == b"first"
+        assert _writes(client) == before + 2
+    finally:
+        other.close()

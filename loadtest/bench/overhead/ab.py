@@ -97,7 +97,8 @@ def _start_servers(args: argparse.Namespace, stack: contextlib.ExitStack) -> dic
         for proc in Path("/proc").iterdir():  # the redis-server just started, by its port
             with contextlib.suppress(OSError, ValueError):
                 if f"--port\0{port}\0" in (proc / "cmdline").read_text():
-                    _pin(int(proc.name), args.backend_cpu or None)
+                    _pin(int(proc.name), getattr(args, "redis_cpu", None) or args.backend_cpu
+                         or None)
     if args.postgres:
         import asyncio
 
@@ -203,12 +204,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _start(args: argparse.Namespace, procs: ProcessSet, workdir: Path, env: dict[str, str],
            backend_port: int, api_key: str, label: str, api: str,
-           store: dict[str, str] | None = None, workers: int = 1) -> tuple[Any, int]:
+           store: dict[str, str] | None = None, workers: int = 1,
+           template: str | None = None) -> tuple[Any, int]:
+    """Start one set-up's gateway (``template``: its command, ``gateway serve`` by default)
+    with ``env`` added to this process's environment; check it answers."""
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)  # the gateway child inherits it
     try:
         (port,) = free_ports(1)
-        template = gateway.default_command().replace("--workers 1", f"--workers {workers}")
+        template = (template or gateway.default_command()).replace(
+            "--workers 1", f"--workers {workers}")
         gw = gateway.start(procs, workdir, template=template, api_key=api_key,
                            port=port, backend_port=backend_port, cpus=args.proxy_cpu or None,
                            label=label, quotas=args.quotas, store=store,
