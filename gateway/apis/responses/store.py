@@ -118,10 +118,12 @@ def keeper(store: ResponseStore | None, frontend: Frontend, parsed: ParsedReques
         response_id = answer.get("id") if answer is not None else None
         if answer is None or not isinstance(response_id, str):
             return  # no complete response object: nothing a client could retrieve
+        # a translated whole answer is saved as the bytes the client got: they are its JSON
+        encoded = body if body is not None and answer is plan.answered else None
         try:
             await store.put(tenant, response_id, request=native,
                             messages=messages if isinstance(messages, list) else [],
-                            answer=answer, ttl_ms=ttl_ms)
+                            answer=answer, ttl_ms=ttl_ms, answer_json=encoded)
         except Exception:
             _log.warning("stored responses: could not save %s", clip(response_id),
                          exc_info=True)
