@@ -331,7 +331,16 @@ class Pipeline:
                         price=price, batch=ctx.request_class == "batch",
                         bill_failed=runtime.prices.bill_failed)
                 if keep is not None and ctx.outcome == "completed" and ctx.status < 400:
-                    await asyncio.gather(self._record(runtime, ctx), keep(forwarded.body))
+                    # the save is queued for its commit now and waited for after the record
+                    # (both may wait for a commit, side by side): no task of its own, where
+                    # gather made two (7.6 us a stored response against 0.1)
+                    saved = keep(forwarded.body)
+                    try:
+                        await self._record(runtime, ctx)
+                    except BaseException:
+                        saved.close()  # the queued row still commits; nobody waits for it
+                        raise
+                    await saved
                 else:
                     await self._record(runtime, ctx)
 

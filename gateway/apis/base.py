@@ -17,8 +17,9 @@ figure; a translated stream reassembles to the same object as the translated who
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from gateway.accounting import StreamScanner
 
@@ -32,14 +33,15 @@ if TYPE_CHECKING:
 __all__ = ["Frontend", "StreamTranslator", "Translated"]
 
 
-@dataclass(frozen=True, slots=True)
-class Translated:
+class Translated(msgspec.Struct, frozen=True):
     """A client request checked and translated.
 
     ``chat``: the chat completions payload sent to a backend that does not speak the API (and
     what the gateway counts, classifies and routes by); ``model``: the public model name;
     ``stream``: the client asked for a stream; ``max_output``: the output bound for quotas
-    (None: the model's default).
+    (None: the model's default). A frozen Struct rather than a frozen dataclass: it is made for
+    every translated request, and a frozen dataclass's ``__init__`` (``object.__setattr__``
+    per field) cost a third of the Responses check-and-translate.
     """
 
     chat: dict[str, Any]

@@ -29,6 +29,7 @@ from gateway.apis.responses import (
     input_items,
     to_responses,
 )
+from gateway.apis.responses.answer import responses_usage
 from gateway.errors import BackendFailure, InvalidRequest, UpstreamTimeout
 
 FE = ResponsesFrontend()
@@ -257,6 +258,10 @@ REFUSALS = [
                  "metadata", id="metadata-too-many"),
     pytest.param({"model": "m", "input": "x", "stream": "true"}, "stream", id="stream-type"),
     pytest.param({"model": "m", "input": "x", "store": 1}, "store", id="store-type"),
+    pytest.param({"model": "m", "input": "x", "store": 1, "metadata": {"k": "v"}}, "store",
+                 id="store-type-with-metadata"),
+    pytest.param({"model": "m", "input": "x", "store": False, "truncation": "middle"},
+                 "truncation", id="truncation-with-store"),
     pytest.param({"model": "m", "input": "x", "previous_response_id": 5},
                  "previous_response_id", id="previous-id-type"),
     pytest.param({"model": "m", "input": "x", "background": True}, "background",
@@ -417,6 +422,71 @@ def test_answer_defaults_without_the_request() -> None:
     assert (response["tools"], response["tool_choice"], response["parallel_tool_calls"],
             response["store"], response["truncation"], response["text"]) == (
         [], "auto", True, True, "disabled", {"format": {"type": "text"}})
+
+
+@pytest.mark.parametrize("usage", [
+    {"prompt_tokens": 9, "completion_tokens": 64, "total_tokens": 73},
+    {"prompt_tokens": 9, "completion_tokens": 64, "total_tokens": 0},  # total from the parts
+    {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    {"prompt_tokens": 2**40, "completion_tokens": 1, "total_tokens": 2**40 + 1},
+    {"prompt_tokens": -1, "completion_tokens": 64, "total_tokens": 63},
+    {"prompt_tokens": True, "completion_tokens": 64, "total_tokens": 65},
+    {"prompt_tokens": 9.0, "completion_tokens": 64, "total_tokens": 73},
+    {"prompt_tokens": "9", "completion_tokens": 64, "total_tokens": 73},
+    {"prompt_tokens": 9, "completion_tokens": None, "total_tokens": 73},
+    {"prompt_tokens": 9, "completion_tokens": 64},
+    {"prompt_tokens": 9, "completion_tokens": 64, "total_tokens": 73,
+     "prompt_tokens_details": None},
+    USAGE,
+])
+def test_answer_usage_is_the_accounting_reading(usage: dict[str, Any]) -> None:
+    """The usage of a whole answer is ``gateway.accounting.usage``'s reading of the chat
+    usage whatever its shape, the totals alone (written without it) included."""
+    response = FE.answer(chat_answer({"content": "hi"}, usage=usage), model="m",
+                         request_id=RID)
+    assert response["usage"] == responses_usage(usage_from_mapping(usage, "openai"))
+
+
+def test_answers_do_not_share_their_defaults() -> None:
+    """Each response has its own nested defaults: changing one answer's leaves the next's."""
+    first = FE.answer(chat_answer({"content": "hi"}), model="m", request_id=RID)
+    first["tools"].append(WEATHER)
+    first["metadata"]["k"] = "v"
+    first["reasoning"]["effort"] = "high"
+    first["text"]["format"]["type"] = "json_object"
+    second = FE.answer(chat_answer({"content": "hi"}), model="m", request_id=RID)
+    assert (second["tools"], second["metadata"], second["reasoning"], second["text"]) == (
+        [], {}, {"effort": None, "summary": None}, {"format": {"type": "text"}})
+
+
+@pytest.mark.parametrize(("setting", "echo"), [
+    ({"instructions": "Be brief."}, {"instructions": "Be brief."}),
+    ({"parallel_tool_calls": False}, {"parallel_tool_calls": False}),
+    ({"previous_response_id": "resp_prev"}, {"previous_response_id": "resp_prev"}),
+    ({"reasoning": {"effort": "low"}}, {"reasoning": {"effort": "low", "summary": None}}),
+    ({"temperature": 0.3}, {"temperature": 0.3}),
+    ({"text": {"format": {"type": "json_object"}}}, {"text": {"format": {"type": "json_object"}}}),
+    ({"tool_choice": "none"}, {"tool_choice": "none"}),
+    ({"tools": [WEATHER]}, {"tools": [WEATHER]}),
+    ({"top_p": 0.5}, {"top_p": 0.5}),
+    ({"truncation": "auto"}, {"truncation": "auto"}),
+    ({"user": "u"}, {"user": "u"}),
+    ({"metadata": {"k": "v"}}, {"metadata": {"k": "v"}}),
+    ({"max_output_tokens": 7, "store": False}, {"max_output_tokens": 7, "store": False}),
+], ids=lambda value: ",".join(value) if isinstance(value, dict) else None)
+def test_answer_echoes_each_setting_alone(setting: dict[str, Any], echo: dict[str, Any]
+                                          ) -> None:
+    """A request with one setting gets it echoed and the defaults for the rest, in OpenAI's
+    key order."""
+    request = {"model": "m", "input": "x", **setting}
+    response = FE.answer(chat_answer({"content": "hi"}), model="m", request_id=RID,
+                         request=request)
+    Response.model_validate(response)
+    default = FE.answer(chat_answer({"content": "hi"}), model="m", request_id=RID)
+    assert list(response) == list(default)
+    assert {key: response[key] for key in echo} == echo
+    assert {k: v for k, v in response.items() if k not in echo} == {
+        k: v for k, v in default.items() if k not in echo}
 
 
 def test_usage_of_a_native_answer() -> None:

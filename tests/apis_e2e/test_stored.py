@@ -113,6 +113,7 @@ def test_retrieve_input_items_delete(gw: GatewayProcess) -> None:
     got = c.responses.retrieve(made.id)
     assert isinstance(got, Response)
     assert got.id == made.id and got.output_text == made.output_text
+    assert got.model_dump() == made.model_dump()  # the whole object, as the client got it
     assert got.model == "chat-model" and got.metadata == {"k": "v"}
     items = c.responses.input_items.list(made.id, order="asc")
     texts = [item.content[0].text for item in items.data]  # type: ignore[union-attr]

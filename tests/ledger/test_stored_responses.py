@@ -71,6 +71,23 @@ async def test_put_get_round_trip(make_sql: Callable[..., Any]) -> None:
     assert await store.get("acme", rid(), now_ms=T0 + 2_000) is None  # never stored
 
 
+async def test_put_saves_the_answer_json_as_given(make_sql: Callable[..., Any]) -> None:
+    """``answer_json`` (the body the client got) is the row's answer as it is, not encoded
+    again from ``answer``; and it replaces an earlier row like any put."""
+    store = ResponseStore(await make_sql())
+    key = rid()
+    body = b'{"id":"resp_1","object":"response","output_text":"\xc3\xa9 \xe2\x9c\x93"}'
+    assert await store.put("acme", key, request=REQUEST, messages=MESSAGES, answer=ANSWER,
+                           ttl_ms=HOUR_MS, now_ms=T0, answer_json=body)
+    got = await store.get("acme", key, now_ms=T0 + 1)
+    assert got is not None and got.answer == {"id": "resp_1", "object": "response",
+                                              "output_text": "é ✓"}
+    assert await store.put("acme", key, request=REQUEST, messages=MESSAGES, answer=ANSWER,
+                           ttl_ms=HOUR_MS, now_ms=T0 + 2)
+    got = await store.get("acme", key, now_ms=T0 + 3)
+    assert got is not None and got.answer == ANSWER
+
+
 async def test_another_tenant_sees_nothing_and_cannot_overwrite(make_sql: Callable[..., Any]
                                                                 ) -> None:
     store = ResponseStore(await make_sql())

@@ -120,6 +120,28 @@ def chat_usage(usage: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+#: request fields echoed from something other than themselves, or with a default other than
+#: None: a request with none of them (``model``, ``input``, ``max_output_tokens``, ``store``,
+#: ``stream``: the usual short request) gets the defaults as they are, without reading each
+_ECHOED = frozenset({
+    "instructions", "parallel_tool_calls", "previous_response_id", "reasoning", "temperature",
+    "text", "tool_choice", "tools", "top_p", "truncation", "user", "metadata",
+})
+_NO_REQUEST: Mapping[str, Any] = {}
+#: a ``response``'s keys in OpenAI's order, with the values that are the same in every response
+#: (and the defaults of the echoed settings that are immutable): ``response_object`` copies it
+#: and sets the rest, which keeps the order (a key set again keeps its place) and costs half
+#: as much as writing the whole object out
+_TEMPLATE: dict[str, Any] = {
+    "id": None, "object": "response", "created_at": None, "status": None,
+    "background": False, "error": None, "incomplete_details": None, "instructions": None,
+    "max_output_tokens": None, "model": None, "output": None, "output_text": None,
+    "parallel_tool_calls": True, "previous_response_id": None, "reasoning": None,
+    "store": True, "temperature": 1.0, "text": None, "tool_choice": "auto", "tools": None,
+    "top_p": 1.0, "truncation": "disabled", "usage": None, "user": None, "metadata": None,
+}
+
+
 def response_object(
     *,
     request_id: str,
@@ -130,41 +152,57 @@ def response_object(
     usage: dict[str, Any] | None,
     request: Mapping[str, Any] | None,
     incomplete: str | None = None,
+    text: str | None = None,
 ) -> dict[str, Any]:
-    """A ``response`` with the request's settings echoed (defaults when ``request`` is None)."""
-    req = request or {}
+    """A ``response`` with the request's settings echoed (defaults when ``request`` is None).
+
+    ``text``: the output's ``output_text`` when the caller knows it (else joined from
+    ``output``). The nested defaults are new objects each time, as a caller may change its
+    response; the request's settings are read only when it has one (``_ECHOED``) besides
+    ``max_output_tokens`` and ``store``.
+    """
+    req = request if request is not None else _NO_REQUEST
+    response = _TEMPLATE.copy()
+    response["id"] = "resp_" + request_id
+    response["created_at"] = created_at
+    response["status"] = status
+    if incomplete is not None:
+        response["incomplete_details"] = {"reason": incomplete}
+    response["max_output_tokens"] = req.get("max_output_tokens")
+    response["model"] = model
+    response["output"] = output
+    response["output_text"] = output_text(output) if text is None else text
+    response["reasoning"] = {"effort": None, "summary": None}
+    response["store"] = req.get("store", True)
+    response["text"] = {"format": {"type": "text"}}
+    response["tools"] = []
+    response["usage"] = usage
+    response["metadata"] = {}
+    if not _ECHOED.isdisjoint(req):
+        _echo(req, response)
+    return response
+
+
+def _echo(req: Mapping[str, Any], response: dict[str, Any]) -> None:
+    """The request's settings over the defaults ``response_object`` wrote."""
     text = req.get("text") or {}
     reasoning = req.get("reasoning") or {}
     text_echo: dict[str, Any] = {"format": text.get("format") or {"type": "text"}}
     if text.get("verbosity") is not None:
         text_echo["verbosity"] = text["verbosity"]
-    return {
-        "id": response_id(request_id),
-        "object": "response",
-        "created_at": created_at,
-        "status": status,
-        "background": False,
-        "error": None,
-        "incomplete_details": None if incomplete is None else {"reason": incomplete},
-        "instructions": req.get("instructions"),
-        "max_output_tokens": req.get("max_output_tokens"),
-        "model": model,
-        "output": output,
-        "output_text": output_text(output),
-        "parallel_tool_calls": req.get("parallel_tool_calls", True),
-        "previous_response_id": req.get("previous_response_id"),
-        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
-        "store": req.get("store", True),
-        "temperature": req.get("temperature", 1.0),
-        "text": text_echo,
-        "tool_choice": req.get("tool_choice", "auto"),
-        "tools": req.get("tools") or [],
-        "top_p": req.get("top_p", 1.0),
-        "truncation": req.get("truncation") or "disabled",
-        "usage": usage,
-        "user": req.get("user"),
-        "metadata": req.get("metadata") or {},
-    }
+    response["instructions"] = req.get("instructions")
+    response["parallel_tool_calls"] = req.get("parallel_tool_calls", True)
+    response["previous_response_id"] = req.get("previous_response_id")
+    response["reasoning"] = {"effort": reasoning.get("effort"),
+                             "summary": reasoning.get("summary")}
+    response["temperature"] = req.get("temperature", 1.0)
+    response["text"] = text_echo
+    response["tool_choice"] = req.get("tool_choice", "auto")
+    response["tools"] = req.get("tools") or []
+    response["top_p"] = req.get("top_p", 1.0)
+    response["truncation"] = req.get("truncation") or "disabled"
+    response["user"] = req.get("user")
+    response["metadata"] = req.get("metadata") or {}
 
 
 def response_update(snapshot: Mapping[str, Any], *, status: str, output: list[dict[str, Any]],
@@ -197,6 +235,32 @@ def _arguments(value: Any) -> str:
     return "" if value is None else msgspec.json.encode(value).decode()
 
 
+#: a chat ``usage`` of the three totals alone (as vLLM, llama.cpp and the fixtures send it)
+_TOTALS = frozenset({"prompt_tokens", "completion_tokens", "total_tokens"})
+
+
+def _answer_usage(raw: Any) -> dict[str, Any] | None:
+    """A chat answer's usage in the Responses names. Three non-negative integer totals
+    (details absent) need none of ``gateway.accounting.usage``'s reconciling of aliases and
+    buckets, which would give them back as they are with every detail 0: they are written
+    directly; any other usage goes through it."""
+    if type(raw) is not dict:
+        return None
+    if raw.keys() == _TOTALS:
+        prompt, completion, total = (raw["prompt_tokens"], raw["completion_tokens"],
+                                     raw["total_tokens"])
+        if (type(prompt) is int and type(completion) is int and type(total) is int
+                and prompt >= 0 and completion >= 0 and total >= 0):
+            return {
+                "input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "output_tokens": completion,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": total or prompt + completion,
+            }
+    return responses_usage(usage_from_mapping(raw, "openai"))
+
+
 def responses_answer(chat: Mapping[str, Any], *, model: str, request_id: str,
                      request: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``response`` for a non-streamed chat completions answer."""
@@ -224,14 +288,15 @@ def responses_answer(chat: Mapping[str, Any], *, model: str, request_id: str,
             "completed"))
     if incomplete is not None:
         output[-1]["status"] = "incomplete"
-    raw_usage = chat.get("usage")
-    usage = usage_from_mapping(raw_usage, "openai") if isinstance(raw_usage, dict) else None
     created = chat.get("created")
+    # the one message item holds the text (or nothing: then the text is empty), so it is the
+    # output's ``output_text``
     return response_object(
         request_id=request_id, model=model,
         created_at=created if isinstance(created, int) else int(time.time()),
         status="completed" if incomplete is None else "incomplete",
-        output=output, usage=responses_usage(usage), request=request, incomplete=incomplete)
+        output=output, usage=_answer_usage(chat.get("usage")), request=request,
+        incomplete=incomplete, text=text)
 
 
 def chat_answer_from_response(response: Mapping[str, Any]) -> dict[str, Any]:

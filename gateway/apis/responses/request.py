@@ -67,6 +67,14 @@ _REFUSED = {
     "access_programs": "access programs are not supported",
 }
 
+_REFUSED_KEYS = frozenset(_REFUSED)
+#: the fields ``_check_echoed`` checks but ``store`` (a request with none of them skips it)
+_CHECKED = frozenset({
+    "metadata", "previous_response_id", "prompt_cache_key", "safety_identifier",
+    "service_tier", "prompt_cache_retention", "truncation", "include", "top_logprobs",
+    "max_tool_calls", "stream_options", "prompt_cache_options",
+})
+
 #: ``reasoning.effort`` values (sent as chat ``reasoning_effort``)
 REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -125,13 +133,16 @@ def _one_of(value: Any, allowed: frozenset[str], param: str) -> str:
 def to_chat(payload: Mapping[str, Any], earlier: Sequence[dict[str, Any]] | None = None
             ) -> Translated:
     """The chat completions request for a Responses request (see the module docstring)."""
-    for key in payload:
-        if key not in _FIELDS:
-            raise _bad(f"Unknown parameter: '{clip(str(key), 64)}'.", str(key),
-                       "unknown_parameter")
-    for key, why in _REFUSED.items():
-        if payload.get(key) not in (None, False):
-            raise _bad(f"'{key}': {why}", key)
+    keys = payload.keys()
+    if not keys <= _FIELDS:  # (set operations on the keys: most requests pass both at once)
+        for key in keys:
+            if key not in _FIELDS:
+                raise _bad(f"Unknown parameter: '{clip(str(key), 64)}'.", str(key),
+                           "unknown_parameter")
+    if not _REFUSED_KEYS.isdisjoint(keys):
+        for key, why in _REFUSED.items():
+            if payload.get(key) not in (None, False):
+                raise _bad(f"'{key}': {why}", key)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("'model' is required and must be a non-empty string", "model")
@@ -179,7 +190,10 @@ def to_chat(payload: Mapping[str, Any], earlier: Sequence[dict[str, Any]] | None
     user = payload.get("user")
     if user is not None:
         chat["user"] = _string(user, "user")
-    _check_echoed(payload)
+    if not _CHECKED.isdisjoint(keys):
+        _check_echoed(payload)
+    elif payload.get("store") is not None:  # the one ``_check_echoed`` would check
+        _boolean(payload["store"], "store")
     _text(payload.get("text"), chat)
     _reasoning(payload.get("reasoning"), chat)
 

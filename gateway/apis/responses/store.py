@@ -18,6 +18,7 @@ its complete answer can retrieve or continue it at once, from any replica. A sav
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,7 @@ from gateway.errors import GatewayError, clip
 from gateway.ledger.errors import LedgerUnavailable
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable, Coroutine
 
     from gateway.apis.base import Frontend
     from gateway.apis.plan import Upstream
@@ -103,9 +104,11 @@ async def continued(store: ResponseStore | None, frontend: Frontend, tenant: str
 
 def keeper(store: ResponseStore | None, frontend: Frontend, parsed: ParsedRequest,
            plan: Upstream | None, tenant: str, ttl_hours: float
-           ) -> Callable[[bytes | None], Awaitable[None]] | None:
+           ) -> Callable[[bytes | None], Coroutine[Any, Any, None]] | None:
     """The save of a request's response once complete (``body``: the whole answer the client
-    got, None for a stream), or None when the request is not stored."""
+    got, None for a stream), or None when the request is not stored. Calling it queues the row
+    for the store's next commit at once; the coroutine it returns waits for that commit (so
+    the caller waits for the usage record meanwhile without a task for the save)."""
     native = parsed.native
     if (store is None or plan is None or frontend.name != "responses" or native is None
             or native.get("store") is False):
@@ -113,17 +116,32 @@ def keeper(store: ResponseStore | None, frontend: Frontend, parsed: ParsedReques
     messages = parsed.payload.get("messages")
     ttl_ms = max(1, int(ttl_hours * _HOUR_MS))
 
-    async def keep(body: bytes | None) -> None:
+    def keep(body: bytes | None) -> Coroutine[Any, Any, None]:
         answer = plan.final(body)
         response_id = answer.get("id") if answer is not None else None
         if answer is None or not isinstance(response_id, str):
-            return  # no complete response object: nothing a client could retrieve
+            return _saved(None, "")  # no complete response object: nothing to retrieve
+        # a translated whole answer is saved as the bytes the client got: they are its JSON
+        encoded = body if body is not None and answer is plan.answered else None
         try:
-            await store.put(tenant, response_id, request=native,
-                            messages=messages if isinstance(messages, list) else [],
-                            answer=answer, ttl_ms=ttl_ms)
+            queued = store.put_soon(tenant, response_id, request=native,
+                                    messages=messages if isinstance(messages, list) else [],
+                                    answer=answer, ttl_ms=ttl_ms, answer_json=encoded)
         except Exception:
             _log.warning("stored responses: could not save %s", clip(response_id),
                          exc_info=True)
+            return _saved(None, response_id)
+        return _saved(queued, response_id)
 
     return keep
+
+
+async def _saved(queued: asyncio.Future[int] | None, response_id: str) -> None:
+    """Wait for a queued save's commit; a save that failed (the database away) is logged and
+    costs the client nothing but a later 404."""
+    if queued is None:
+        return
+    try:
+        await queued
+    except Exception:
+        _log.warning("stored responses: could not save %s", clip(response_id), exc_info=True)

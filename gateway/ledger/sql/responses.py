@@ -35,6 +35,7 @@ from gateway.ledger.sql.params import Params
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from gateway.ledger.sql.migrations import Dialect
     from gateway.ledger.sql.postgres import PostgresLedger
     from gateway.ledger.sql.sqlite import SqliteLedger
     from gateway.ledger.sql.store import SqlLedger
@@ -78,8 +79,10 @@ class ResponseStore:
         #: puts waiting for the next transaction: (statement, values, the caller's future)
         self._pending: list[tuple[str, tuple[Any, ...], asyncio.Future[int]]] = []
         self._committing = False
+        self._commit_task: asyncio.Task[None] | None = None
         #: transactions that committed puts (fewer than the puts under load: group commit)
         self.put_transactions = 0
+        self._put_sql = _put_statement(self.dialect)
 
     def __repr__(self) -> str:
         return f"<ResponseStore [{self.dialect}]>"
@@ -94,27 +97,44 @@ class ResponseStore:
         answer: Mapping[str, Any],
         ttl_ms: int,
         now_ms: int | None = None,
+        answer_json: bytes | None = None,
     ) -> bool:
         """Store (or replace) a response of ``tenant``, kept for ``ttl_ms``. An id another
         tenant holds is left alone (False): ids are the gateway's own, so only a backend's
-        pass-through id could ever collide."""
+        pass-through id could ever collide. ``answer_json``: ``answer`` as JSON already (the
+        body the client got), saved as it is rather than encoded again."""
+        return await self.put_soon(tenant, response_id, request=request, messages=messages,
+                                   answer=answer, ttl_ms=ttl_ms, now_ms=now_ms,
+                                   answer_json=answer_json) == 1
+
+    def put_soon(
+        self,
+        tenant: str,
+        response_id: str,
+        *,
+        request: Mapping[str, Any],
+        messages: Sequence[Mapping[str, Any]],
+        answer: Mapping[str, Any],
+        ttl_ms: int,
+        now_ms: int | None = None,
+        answer_json: bytes | None = None,
+    ) -> asyncio.Future[int]:
+        """``put``'s row queued for the next commit now, without waiting for it: the future
+        is the rows it changed (1, or 0 for another tenant's id) once committed, or the
+        commit's error. For a caller that waits for something else meanwhile (the pipeline,
+        the usage record) without a task of its own for the wait."""
         now = _now_ms() if now_ms is None else now_ms
-        p = Params(self.dialect)
-        values = ", ".join((
-            p.add(response_id, "text"), p.add(tenant, "text"), p.add(now, "bigint"),
-            p.add(now + ttl_ms, "bigint"), p.add(_encode(request).decode(), "text"),
-            p.add(_encode(messages).decode(), "text"), p.add(_encode(answer).decode(), "text")))
-        sql = ("INSERT INTO stored_responses (id, tenant, created_ms, expires_ms, request, "
-               f"messages, answer) VALUES ({values}) ON CONFLICT (id) DO UPDATE SET "
-               "created_ms = excluded.created_ms, expires_ms = excluded.expires_ms, "
-               "request = excluded.request, messages = excluded.messages, "
-               "answer = excluded.answer WHERE stored_responses.tenant = excluded.tenant")
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending.append((sql, tuple(p.values), future))
+        values = (response_id, tenant, now, now + ttl_ms, _encode(request).decode(),
+                  _encode(messages).decode(),
+                  (_encode(answer) if answer_json is None else answer_json).decode())
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        self._pending.append((self._put_sql, values, future))
         if not self._committing:
             self._committing = True
-            asyncio.get_running_loop().create_task(self._commit_pending())
-        return await future == 1
+            # held here: the loop keeps only a weak reference to a task
+            self._commit_task = loop.create_task(self._commit_pending())
+        return future
 
     async def get(self, tenant: str, response_id: str, *, now_ms: int | None = None
                   ) -> StoredResponse | None:
@@ -214,6 +234,18 @@ class ResponseStore:
         pg = cast("PostgresLedger", self.ledger)
         record = await pg._run("fetchrow", sql, *values)
         return tuple(record) if record is not None else None
+
+
+def _put_statement(dialect: Dialect) -> str:
+    """``put``'s statement (its text depends on the dialect alone: written once)."""
+    p = Params(dialect)
+    values = ", ".join(p.add(None, kind) for kind in (
+        "text", "text", "bigint", "bigint", "text", "text", "text"))
+    return ("INSERT INTO stored_responses (id, tenant, created_ms, expires_ms, request, "
+            f"messages, answer) VALUES ({values}) ON CONFLICT (id) DO UPDATE SET "
+            "created_ms = excluded.created_ms, expires_ms = excluded.expires_ms, "
+            "request = excluded.request, messages = excluded.messages, "
+            "answer = excluded.answer WHERE stored_responses.tenant = excluded.tenant")
 
 
 def _rowcount(cursor: sqlite3.Cursor) -> int:
