@@ -36,14 +36,19 @@ tenants:
 
 
 def config_yaml(api_key: str, backend_port: int, *, quotas: bool = False,
-                spool_dir: Path | None = None, store: dict[str, str] | None = None) -> str:
+                spool_dir: Path | None = None, store: dict[str, str] | None = None,
+                data_dir: Path | None = None) -> str:
     """The gateway policy: one key, one pool with the nginx fixture backend, one model; with
     ``quotas`` the key's tenant has a plan with every limit set (high enough never to refuse,
     so every request pays for the full check-and-reserve and the settle). ``store``: more
-    ``store:`` options, written as given (``{"ledger_durability": "buffered"}``)."""
+    ``store:`` options, written as given (``{"ledger_durability": "buffered"}``). ``data_dir``:
+    the gateway's own data directory (its SQLite ledger), so two gateways of one run never
+    share a ledger file, nor one left by an earlier run in the working directory."""
     digest = hashlib.sha256(api_key.encode()).hexdigest()
     extra = QUOTAS if quotas else ""
     options = {"spool_dir": str(spool_dir)} if spool_dir is not None else {}
+    if data_dir is not None:
+        options["data_dir"] = str(data_dir)
     options |= store or {}
     if options:
         extra += "store:\n" + "".join(f"  {k}: {v}\n" for k, v in options.items())
@@ -124,7 +129,8 @@ def start(
     """
     config = workdir / f"gateway-{label}.yaml"
     config.write_text(config_yaml(api_key, backend_port, quotas=quotas,
-                                  spool_dir=workdir / f"spool-{label}", store=store))
+                                  spool_dir=workdir / f"spool-{label}", store=store,
+                                  data_dir=workdir / f"data-{label}"))
     cmd: Sequence[str] = command(template, config=config, port=port, backend_port=backend_port)
     managed = procs.start(f"gateway-{label}", pinned(cmd, cpus), workdir / f"gateway-{label}.log",
                           log_shim=log_shim, shim_cpus=log_shim_cpus)
