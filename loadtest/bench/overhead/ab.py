@@ -186,6 +186,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=int, default=3, help="seconds per window (3)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up seconds per gateway (2)")
     p.add_argument("--connections", type=int, default=64)
+    p.add_argument("--b-connections", type=int, default=None,
+                   help="B's connections, if not --connections (e.g. twice as many for twice "
+                   "the workers: the same concurrency per worker)")
     p.add_argument("--proxy-cpu", default="0")
     p.add_argument("--client-cpu", default="1")
     p.add_argument("--backend-cpu", default="1")
@@ -230,10 +233,10 @@ def _start(args: argparse.Namespace, procs: ProcessSet, workdir: Path, env: dict
 
 
 def _window(args: argparse.Namespace, tools: dict[str, str], gw: Any, port: int, api: str,
-            script: Path, duration: int) -> dict[str, Any]:
+            script: Path, duration: int, connections: int | None = None) -> dict[str, Any]:
     url = f"http://{HOST}:{port}{payloads.API_PATHS[api]}"
     before = _cpu_seconds(gw.proc.pid)
-    result = wrk.run(tools["wrk"], url, script, connections=args.connections,
+    result = wrk.run(tools["wrk"], url, script, connections=connections or args.connections,
                      duration_s=duration, cpus=args.client_cpu or None)
     cpu = _cpu_seconds(gw.proc.pid) - before
     if result.error_count:  # an error answer is cheap: it would pass for a fast request
@@ -264,8 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     stores = {args.a_name: _env(args.a_store), args.b_name: _env(args.b_store)}
     apis = {args.a_name: args.a_api, args.b_name: args.b_api}
     workers = {args.a_name: args.a_workers, args.b_name: args.b_workers}
+    conns = {args.a_name: args.connections, args.b_name: args.b_connections or args.connections}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     hops: list[dict[str, Any]] = []
+    idle = dict.fromkeys(sides, 0.0)  # CPU seconds of each side while the other was loaded
     try:
         bj, bs = free_ports(2)
         ports = nginx.PortPair(bj, bs)
@@ -301,12 +306,17 @@ def main(argv: list[str] | None = None) -> int:
                 for name in names}
         if args.warmup:
             for name in names:
-                _window(args, tools, *live[name], apis[name], scripts[name], args.warmup)
+                _window(args, tools, *live[name], apis[name], scripts[name], args.warmup,
+                        conns[name])
         for i in range(args.pairs):
             order = names if i % 2 == 0 else names[::-1]
             for name in order:
+                other = next(n for n in names if n != name)
+                idle_before = _cpu_seconds(live[other][0].proc.pid)
                 run = _window(args, tools, *live[name], apis[name], scripts[name],
-                              args.duration)
+                              args.duration, conns[name])
+                # the side not under load meanwhile: its background work (timers, probes)
+                idle[other] += _cpu_seconds(live[other][0].proc.pid) - idle_before
                 runs[name].append(run)
                 print(f"[ab] pair {i + 1:>2} {name:>12}: {run['rps']:>8,.0f} req/s  "
                       f"{run['cpu_us_per_request']:6.1f} µs CPU/request", flush=True)
@@ -323,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(names, sides, apis, a, b, window_s=args.duration, stream=args.stream)
     summary["stores"] = stores
     summary["workers"] = workers
+    for name in names:  # CPU per second of the side while idle (the other side's windows)
+        summary["a" if name == names[0] else "b"]["idle_cpu_per_s"] = (
+            idle[name] / (args.duration * args.pairs))
     if hops:
         requests = sum(r["requests"] for r in hops)
         summary["hop"] = {"name": HOP, "runs": hops,
@@ -391,6 +404,10 @@ def report(summary: dict[str, Any]) -> str:
         h = summary["hop"]
         row = f"| {h['name']} | chat | {h['rps']:,.0f} | {h['cpu_us_per_request']:.1f} |"
         lines.append(row + (" |" if stream else ""))
+    if "idle_cpu_per_s" in a:
+        lines.append("")
+        lines.append("idle (while the other side was loaded): " + ", ".join(
+            f"{s['name']} {s['idle_cpu_per_s'] * 1000:.1f} ms CPU/s" for s in (a, b)))
     pr = summary["pair_ratios"]
     q = quartiles(pr)
     c1, c2, c3 = summary["cpu_pair_quartiles"]
