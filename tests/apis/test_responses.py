@@ -959,3 +959,17 @@ def test_stream_split_anywhere_reassembles_to_the_answer(
     chunks = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
     response = fold(events_of(translate_stream(chunks)))
     assert response == FE.answer(chat, model="public-model", request_id=RID)
+
+
+def test_a_long_stream_numbers_every_event_past_the_precomputed_tails() -> None:
+    """Delta events end with a sequence number taken from a table for the first 4,096: a
+    stream of 5,000 text deltas still numbers its events 0, 1, 2, ... to the end and folds
+    into the whole text."""
+    text_value = "ab" * 5_000
+    raw = translate_stream([chat_stream({"role": "assistant", "content": text_value}, "stop",
+                                        {"prompt_tokens": 3, "completion_tokens": 5_000},
+                                        pieces=5_000)])
+    events = events_of(raw)
+    assert len(events) > 5_000
+    response = fold(events)
+    assert response["output"][0]["content"][0]["text"] == text_value

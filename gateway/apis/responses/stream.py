@@ -67,6 +67,14 @@ if TYPE_CHECKING:
 __all__ = ["ResponsesStream"]
 
 _encode = msgspec.json.encode
+#: a delta event's end for each of the first sequence numbers (a stream's usual length), made
+#: once: a tuple lookup instead of formatting a number per chunk
+_TAILS = tuple(b',"sequence_number":%d}\n\n' % n for n in range(4096))
+
+
+def _tail(seq: int) -> bytes:
+    """``,"sequence_number":N}`` and the event's blank line."""
+    return _TAILS[seq] if seq < 4096 else b',"sequence_number":%d}\n\n' % seq
 
 #: per content part kind: (delta event, done event, the done event's text field)
 _PART_EVENTS = {
@@ -178,8 +186,8 @@ class ResponsesStream(StreamTranslator):
                         item.texts.append(content)
                         seq = self._seq
                         self._seq = seq + 1
-                        out.append(b"%s%s,\"sequence_number\":%d}\n\n"
-                                   % (item.prefix, _encode(content), seq))
+                        out.append(item.prefix + _encode(content)
+                                   + (_TAILS[seq] if seq < 4096 else _tail(seq)))
                     else:
                         self._text("message", "output_text", content, out)
                 if delta.refusal:
@@ -203,7 +211,7 @@ class ResponsesStream(StreamTranslator):
     def _delta(self, prefix: bytes, text: str) -> bytes:
         seq = self._seq
         self._seq += 1
-        return b"%s%s,\"sequence_number\":%d}\n\n" % (prefix, _encode(text), seq)
+        return prefix + _encode(text) + _tail(seq)
 
     def _start(self, created: float | None, out: list[bytes]) -> None:
         self._started = True
