@@ -327,6 +327,19 @@ class PoolState:
                 if b.full and b.in_flight < b.config.max_in_flight + limit
                 and b.ejected_until == 0.0 and now >= b.not_before and b not in exclude]
 
+    def headroom_prediction(self, now: float, prompt_tokens: int, tenant: str, weight: float,
+                            exclude: Collection[BackendState] = ()) -> Prediction | None:
+        """The predicted first token of a request that would start at once on a headroom slot
+        (its tenant below its share, a full backend with headroom left): the best such
+        backend's own prediction, no queue ahead. None when it would wait in the queue."""
+        if not self.below_share(tenant, weight, now):
+            return None
+        spare = self._spare(now, exclude)
+        if not spare:
+            return None
+        return min((self.predictor.predict(b, prompt_tokens, now) for b in spare),
+                   key=lambda p: p.ttft)
+
     def below_share(self, tenant: str, weight: float, now: float) -> bool:
         """May ``tenant`` take a headroom slot: does it hold fewer slots than its weighted share
         of the capacity, among the tenants holding slots? Never without ``fair_headroom``."""

@@ -192,7 +192,10 @@ class Router:
                         prompt_tokens=tokens, tenant=tenant, weight=weight, tokens=cost)
                     return other, self._started(other, backend, route)
             raise NoHealthyBackend(f"pool '{pool.name}' has no healthy backend to try")
-        self._shed(route, pool, prediction, now)
+        # a tenant below its share starts at once on a headroom slot, whatever is queued: the
+        # queue's prediction is not its own
+        spare = pool.headroom_prediction(now, tokens, tenant, weight, exclude)
+        self._shed(route, pool, prediction if spare is None else spare, now)
         backend = await pool.acquire(priority, route.deadline, exclude, route.affinity,
                                      route.prefix, prompt_tokens=tokens, tenant=tenant,
                                      weight=weight, tokens=cost)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
+from typing import Any
 
 import pytest
 
@@ -118,3 +120,42 @@ def test_shed_counter_by_class_and_reason() -> None:
     assert 'gateway_shed_total{class="batch",model="m",pool="chat",reason="priority"} 1.0' in text
     assert ('gateway_shed_total{class="interactive",model="m",pool="chat",reason="deadline"} 1.0'
             in text)
+
+
+async def test_a_tenant_below_its_share_is_not_shed_behind_a_flood() -> None:
+    """A flood fills the pool and queues prompts worth far more than the deadline: its next
+    request is shed, but another tenant's, which the fair headroom starts at once, is not
+    judged by the flood's queue: it gets a slot above the full backend's limit."""
+    pool_config = Pool(name="chat", request_class="interactive",
+                       backends=[Backend(url="http://i0", max_in_flight=2)],
+                       shed=Shed(margin=0.8), health=Health(panic_threshold=0))
+    policy = parse_policy({"auth": {"required": False}})
+    policy = policy.__class__(
+        auth=policy.auth, pools=[pool_config], models=[Model(name="m", pool="chat")],
+        classes=[RequestClass(name="interactive", priority=0, start_deadline=2.0,
+                              ttft_target=0.5)])
+    router = Router(policy)
+    pool = router.pools["chat"]
+    (backend,) = pool.backends
+    pool.predictor.load(backend).seconds_per_token = SPT
+    model = router.policy.models[0]
+
+    def route(tenant: str) -> Any:
+        r = router.route(model, "interactive")
+        r.tenant, r.prompt_tokens = tenant, 100
+        return r
+
+    for _ in range(2):  # the flood holds every slot
+        await router.acquire(route("a"), pool, ())
+    waiters = [asyncio.create_task(pool.acquire(  # and queues 3 x 2,000 prompt tokens
+        0, time.monotonic() + 60, (), None, None, prompt_tokens=2_000, tenant="a",
+        tokens=2_100)) for _ in range(3)]  # (~6 s of prefill ahead, deadline 2 s)
+    await asyncio.sleep(0)
+    assert pool.queued == 3
+    with pytest.raises(RequestShed):
+        await router.acquire(route("a"), pool, ())
+    got, slot = await router.acquire(route("b"), pool, ())
+    assert (got, slot) == (pool, backend) and backend.in_flight == 3  # on the headroom
+    for task in waiters:
+        task.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
