@@ -34,12 +34,19 @@ async def test_scrape_reads_simulator_queue() -> None:
         import httpx
 
         async with httpx.AsyncClient(base_url=sim.url, timeout=10) as client:
-            body = {"model": "m", "max_tokens": 300, "messages": [{"role": "user", "content": "x"}]}
+            # long answers, so the first is still running when the fourth has arrived however
+            # slow the machine; the scrape is repeated until all four are in (or 10 s)
+            body = {"model": "m", "max_tokens": 2000,
+                    "messages": [{"role": "user", "content": "x"}]}
             reqs = [asyncio.create_task(client.post("/v1/chat/completions", json=body))
                     for _ in range(4)]
-            await asyncio.sleep(0.3)
             backend = pool.backends[0]
-            await monitors.scrape(pool, backend)
+            deadline = asyncio.get_running_loop().time() + 10
+            while True:
+                await asyncio.sleep(0.05)
+                await monitors.scrape(pool, backend)
+                if backend.engine_waiting >= 3.0 or asyncio.get_running_loop().time() > deadline:
+                    break
             assert backend.engine_waiting == 3.0
             assert await monitors.check(pool, backend) is True
             for r in reqs:
