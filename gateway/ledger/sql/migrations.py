@@ -123,13 +123,15 @@ _SUMMED = ("system", "history", "new", "tools", "cached", "cache_write", "output
 _COUNTERS = ("requests", "failed", "estimated", *_SUMMED)
 
 
-def _rollup_table(text: str, bigint: str) -> str:
+def _rollup_table(text: str, bigint: str, table: str = "usage_hourly",
+                  time_column: str = "hour_ms") -> str:
+    """A rollup table: the time bucket, the group, the counters (hourly; daily in 5)."""
     keys = " ".join(f"{k} {text} NOT NULL DEFAULT ''," for k in _KEYS)
     counters = ", ".join(f'"{c}" {bigint} NOT NULL DEFAULT 0' for c in _COUNTERS)
     return f"""
-CREATE TABLE usage_hourly (
-    hour_ms {bigint} NOT NULL, {keys} {counters},
-    PRIMARY KEY (tenant, hour_ms, key_id, model, request_class, version, batch_id, team,
+CREATE TABLE {table} (
+    {time_column} {bigint} NOT NULL, {keys} {counters},
+    PRIMARY KEY (tenant, {time_column}, key_id, model, request_class, version, batch_id, team,
                  organization));
 """
 
@@ -147,17 +149,19 @@ GROUP BY ts_ms - ts_ms % 3600000, {keys};
 """
 
 
-def _sqlite_trigger() -> str:
+def _sqlite_trigger(table: str = "usage_hourly", time_column: str = "hour_ms",
+                    grain_ms: int = 3600000) -> str:
+    """SQLite's trigger adding each inserted record to one rollup table (hourly; daily in 5)."""
     keys = ", ".join(f"coalesce(NEW.{k}, '')" for k in _KEYS)
     values = ", ".join(f'NEW."{c}"' for c in _SUMMED)
     updates = ", ".join(f'"{c}" = "{c}" + excluded."{c}"' for c in _COUNTERS)
     return f"""
-CREATE TRIGGER usage_hourly_on_insert AFTER INSERT ON usage_records BEGIN
-INSERT INTO usage_hourly (hour_ms, {", ".join(_KEYS)}, {", ".join(f'"{c}"' for c in _COUNTERS)})
-VALUES (NEW.ts_ms - NEW.ts_ms % 3600000, {keys}, 1,
+CREATE TRIGGER {table}_on_insert AFTER INSERT ON usage_records BEGIN
+INSERT INTO {table} ({time_column}, {", ".join(_KEYS)}, {", ".join(f'"{c}"' for c in _COUNTERS)})
+VALUES (NEW.ts_ms - NEW.ts_ms % {grain_ms}, {keys}, 1,
         CASE WHEN NEW.outcome <> 'completed' THEN 1 ELSE 0 END,
         CASE WHEN NEW.estimated THEN 1 ELSE 0 END, {values})
-ON CONFLICT (tenant, hour_ms, key_id, model, request_class, version, batch_id, team,
+ON CONFLICT (tenant, {time_column}, key_id, model, request_class, version, batch_id, team,
              organization) DO UPDATE SET {updates};
 END;
 """
@@ -175,17 +179,6 @@ CREATE INDEX stored_responses_expires ON stored_responses (expires_ms);
 
 
 # -- 5: the daily rollups ---------------------------------------------------------------------
-def _daily_table(text: str, bigint: str) -> str:
-    keys = " ".join(f"{k} {text} NOT NULL DEFAULT ''," for k in _KEYS)
-    counters = ", ".join(f'"{c}" {bigint} NOT NULL DEFAULT 0' for c in _COUNTERS)
-    return f"""
-CREATE TABLE usage_daily (
-    day_ms {bigint} NOT NULL, {keys} {counters},
-    PRIMARY KEY (tenant, day_ms, key_id, model, request_class, version, batch_id, team,
-                 organization));
-"""
-
-
 def _daily_backfill() -> str:
     """The days of the hourly rollups already there (the records may be past retention)."""
     sums = ", ".join(f'sum("{c}")' for c in _COUNTERS)
@@ -195,22 +188,6 @@ INSERT INTO usage_daily (day_ms, {keys}, {", ".join(f'"{c}"' for c in _COUNTERS)
 SELECT hour_ms - hour_ms % 86400000, {keys}, {sums}
 FROM usage_hourly
 GROUP BY hour_ms - hour_ms % 86400000, {keys};
-"""
-
-
-def _sqlite_daily_trigger() -> str:
-    keys = ", ".join(f"coalesce(NEW.{k}, '')" for k in _KEYS)
-    values = ", ".join(f'NEW."{c}"' for c in _SUMMED)
-    updates = ", ".join(f'"{c}" = "{c}" + excluded."{c}"' for c in _COUNTERS)
-    return f"""
-CREATE TRIGGER usage_daily_on_insert AFTER INSERT ON usage_records BEGIN
-INSERT INTO usage_daily (day_ms, {", ".join(_KEYS)}, {", ".join(f'"{c}"' for c in _COUNTERS)})
-VALUES (NEW.ts_ms - NEW.ts_ms % 86400000, {keys}, 1,
-        CASE WHEN NEW.outcome <> 'completed' THEN 1 ELSE 0 END,
-        CASE WHEN NEW.estimated THEN 1 ELSE 0 END, {values})
-ON CONFLICT (tenant, day_ms, key_id, model, request_class, version, batch_id, team,
-             organization) DO UPDATE SET {updates};
-END;
 """
 
 
@@ -243,8 +220,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "the client API on each record",
               "ALTER TABLE usage_records ADD COLUMN api text NOT NULL DEFAULT 'chat';\n",
               "ALTER TABLE usage_records ADD COLUMN api TEXT NOT NULL DEFAULT 'chat';\n"),
-    Migration(5, "daily rollups", _daily_table("text", "bigint") + _daily_backfill(),
-              _daily_table("TEXT", "INTEGER") + _daily_backfill() + _sqlite_daily_trigger()),
+    Migration(5, "daily rollups",
+              _rollup_table("text", "bigint", "usage_daily", "day_ms") + _daily_backfill(),
+              _rollup_table("TEXT", "INTEGER", "usage_daily", "day_ms") + _daily_backfill()
+              + _sqlite_trigger("usage_daily", "day_ms", 86400000)),
     Migration(6, "daily rollups from closed days", _ROLLUP_STATE_PG, _ROLLUP_STATE_SQLITE),
 )
 

@@ -37,7 +37,13 @@ from gateway.ledger.sql.compact import (
     THROUGH_SHARED,
 )
 from gateway.ledger.sql.migrations import MIGRATIONS
-from gateway.ledger.sql.schema import RECORD_COLUMNS, ROLLUP_KEYS, quoted, record_row
+from gateway.ledger.sql.schema import (
+    RECORD_COLUMNS,
+    ROLLUP_COUNTERS,
+    ROLLUP_KEYS,
+    quoted,
+    record_row,
+)
 from gateway.ledger.sql.store import SqlLedger
 
 if TYPE_CHECKING:
@@ -53,11 +59,8 @@ _EPOCH = date(1970, 1, 1)
 _MIGRATE_LOCK = 0x6761_7465_7761_7901
 _PARTITION_LOCK = 0x6761_7465_7761_7902
 
-_SUMMED = ("system", "history", "new", "tools", "cached", "cache_write", "output",
-           "reasoning", "prompt_total", "cost_micros", "cost_system", "cost_history",
-           "cost_new", "cost_tools", "cost_output", "cost_reasoning", "cost_cached",
-           "cost_cache_write")
-_COUNTERS = ("requests", "failed", "estimated", *_SUMMED)
+_COUNTERS = ROLLUP_COUNTERS
+_SUMMED = ROLLUP_COUNTERS[3:]  # requests, failed and estimated are counts, the rest sums
 
 
 def _rollup_upsert(table: str, grain_ms: int, time_column: str, where: str = "") -> str:

@@ -287,13 +287,9 @@ def main(argv: list[str] | None = None) -> int:
                 payloads.request_headers(api_key, api)))
         hop: tuple[Managed, int] | None = None
         if args.hop:
-            pj, ps = free_ports(2)
-            hop_ports = nginx.PortPair(pj, ps)
-            hop = (nginx.start(procs, tools["nginx"], workdir, "proxy",
-                               nginx.proxy_config(workdir, hop_ports, ports,
-                                                  args.proxy_cpu or None),
-                               hop_ports, args.proxy_cpu or None),
-                   hop_ports.for_mode(args.stream))
+            proxy, hop_ports = nginx.start_hop(procs, tools["nginx"], workdir, ports,
+                                               args.proxy_cpu or None)
+            hop = (proxy, hop_ports.for_mode(args.stream))
             scripts[HOP] = workdir / f"{mode}-hop.lua"
             scripts[HOP].write_text(wrk.lua_script(
                 payloads.request_body(stream=args.stream, api="chat"),

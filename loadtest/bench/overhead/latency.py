@@ -191,14 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     redis_stats: dict[str, float] = {}
     try:
         urls = ab._start_servers(args, stack)
-        bj, bs, pj, ps = free_ports(4)
-        backend, hop = nginx.PortPair(bj, bs), nginx.PortPair(pj, ps)
+        backend = nginx.PortPair(*free_ports(2))
         nginx.start(procs, tools["nginx"], workdir, "backend",
                     nginx.backend_config(workdir, backend, args.backend_cpu or None), backend,
                     args.backend_cpu or None)
-        nginx.start(procs, tools["nginx"], workdir, "proxy",
-                    nginx.proxy_config(workdir, hop, backend, args.proxy_cpu or None), hop,
-                    args.proxy_cpu or None)
+        _, hop = nginx.start_hop(procs, tools["nginx"], workdir, backend, args.proxy_cpu or None)
         api_key = gateway.new_api_key()
         headers = payloads.request_headers(api_key, "chat")
         script = workdir / "non-stream.lua"

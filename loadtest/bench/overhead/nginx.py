@@ -169,3 +169,15 @@ def start(
     for port in (ports.json, ports.sse):
         wait_http_ok(managed, port, "/", timeout=10.0)
     return managed
+
+
+def start_hop(procs: ProcessSet, nginx_bin: str, workdir: Path, backend: PortPair,
+              cpus: str | None) -> tuple[Managed, PortPair]:
+    """The nginx hop (``proxy_config``) in front of ``backend``, on two free ports."""
+    from .procs import free_ports
+
+    hop = PortPair(*free_ports(2))
+    managed = start(procs, nginx_bin, workdir, "proxy",
+                    proxy_config(workdir, hop, backend, cpus), hop, cpus)
+    return managed, hop
+
