@@ -287,19 +287,27 @@ def test_client_disconnect_cancels_request() -> None:
 def test_queue_full_is_503() -> None:
     """Beyond the waiting-queue limit the simulator answers 503 queue_full."""
     with SimServer(max_running=1, queue_limit=1, speedup=1, jitter=0.0) as s:
-        body = {"model": "m", "messages": MESSAGES, "max_tokens": 200}
+        # Answers long enough (tens of seconds) that the first cannot finish before the others
+        # have arrived, however slowly a loaded box delivers them; stop() cancels both.
+        body = {"model": "m", "messages": MESSAGES, "max_tokens": 5000}
         statuses: list[int] = []
 
         def post() -> None:
             statuses.append(httpx.post(s.url + "/v1/chat/completions", json=body).status_code)
 
+        def wait_for(running: int, waiting: int) -> None:
+            deadline = time.monotonic() + 30  # a loaded box may take a while to deliver it
+            while (s.stats()["running"], s.stats()["waiting"]) != (running, waiting):
+                assert time.monotonic() < deadline, s.stats()
+                time.sleep(0.01)
+
+        # One at a time: two submitted within the engine's request overhead would both sit in
+        # the waiting queue, and the second would be the one refused.
         threads = [threading.Thread(target=post) for _ in range(2)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 10  # a loaded box may take a while to deliver both
-        while (s.stats()["running"], s.stats()["waiting"]) != (1, 1):
-            assert time.monotonic() < deadline, s.stats()
-            time.sleep(0.01)
+        threads[0].start()
+        wait_for(1, 0)
+        threads[1].start()
+        wait_for(1, 1)
         r = httpx.post(s.url + "/v1/chat/completions", json=body)
         assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
         s.stop()  # cancels the two in flight
