@@ -391,11 +391,15 @@ class Pipeline:
 
     async def _record(self, runtime: Runtime, ctx: RequestContext) -> None:
         """8. record: the usage record of a request whose response is about to end; with
-        ``store.ledger_durability: commit`` it is durable when this returns."""
+        ``store.ledger_durability: commit`` (in the database) or ``journal`` (in the local
+        journal) it is durable when this returns."""
         ctx.recorded = True
         record = self._make_record(runtime, ctx)
-        if runtime.policy.store.ledger_durability == "commit":
+        durability = runtime.policy.store.ledger_durability
+        if durability == "commit":
             await self.services.ledger.write_durable(record)
+        elif durability == "journal":
+            await self.services.ledger.write_journaled(record)
         else:
             self.services.ledger.write_nowait(record)
 

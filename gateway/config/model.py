@@ -665,11 +665,14 @@ class Store(_Base, frozen=True):
     ledger_url_env: str = "GATEWAY_LEDGER_URL"
     #: this process's own files: the embedded SQLite ledger (``ledger.db``)
     data_dir: str = "./gateway-data"
-    #: "commit": a response's last bytes go out only once its usage record is durable
-    #: (committed, or fsync'd to the spool; one commit serves every request that finished
-    #: meanwhile); "buffered": records are flushed every 50 ms after the response, and a
-    #: SIGKILL may lose the last ~50 ms of them
-    ledger_durability: Literal["commit", "buffered"] = "commit"
+    #: "commit": a response's last bytes go out only once its usage record is durable in the
+    #: database (committed, or fsync'd to the spool while it is away; one commit serves every
+    #: request that finished meanwhile); "journal": once the record is fsync'd to a local
+    #: journal in ``spool_dir`` (one fsync per group; the records reach the database in the
+    #: background batches of "buffered", and a dead process's journal is replayed at the next
+    #: start): survives SIGKILL like "commit", not the loss of the disk; "buffered": records
+    #: are flushed every 50 ms after the response, and a SIGKILL may lose the last ~50 ms
+    ledger_durability: Literal["commit", "journal", "buffered"] = "commit"
     #: apply missing ledger schema migrations at start (else run ``gateway db migrate``;
     #: the embedded SQLite ledger always migrates its own file)
     ledger_migrate: bool = False

@@ -136,8 +136,13 @@ class Spool:
     def active_bytes(self) -> int:
         return self._size
 
+    def new_segment_path(self, suffix: str = "") -> Path:
+        """A fresh segment name of this spool (``suffix`` tells where it came from)."""
+        tail = f"-{suffix}" if suffix else ""
+        return self.directory / f"{self._prefix}-{time.time_ns():020d}-{os.getpid()}{tail}.jsonl"
+
     def _open(self) -> None:
-        path = self.directory / f"{self._prefix}-{time.time_ns():020d}-{os.getpid()}.jsonl"
+        path = self.new_segment_path()
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         dir_fd = os.open(self.directory, os.O_RDONLY)

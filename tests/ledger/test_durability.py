@@ -24,9 +24,10 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'ledger.db'}"
 
 
-def run_worker(url: str, spool: Path, tenant: str, log: Path) -> subprocess.Popen[bytes]:
+def run_worker(url: str, spool: Path, tenant: str, log: Path, mode: str = "commit"
+               ) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.ledger.worker", url, str(spool), tenant, str(log)],
+        [sys.executable, "-m", "tests.ledger.worker", url, str(spool), tenant, str(log), mode],
         cwd=ROOT,
     )
     deadline = time.monotonic() + 30
@@ -60,14 +61,17 @@ async def stored_ids(url: str, tmp_path: Path, tenant: str) -> list[str]:
         await reader.close()
 
 
-async def test_sigterm_drains(url: str, tmp_path: Path) -> None:
-    """SIGTERM -> close(): every acknowledged record is stored, each once."""
+@pytest.mark.parametrize("mode", ["commit", "journal"])
+async def test_sigterm_drains(url: str, tmp_path: Path, mode: str) -> None:
+    """SIGTERM -> close(): every acknowledged record is stored, each once, and no journal
+    segment is left behind (its records are all stored)."""
     tenant = f"t-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "acks.log"
-    proc = run_worker(url, tmp_path / "spool", tenant, log)
+    proc = run_worker(url, tmp_path / "spool", tenant, log, mode)
     time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
+    assert not list((tmp_path / "spool").glob("journal-*")), "a drained journal was kept"
     acked = acknowledged(log)
     stored = await stored_ids(url, tmp_path, tenant)
     assert len(stored) == len(set(stored))
@@ -75,14 +79,17 @@ async def test_sigterm_drains(url: str, tmp_path: Path) -> None:
     assert len(acked) > 100
 
 
-@pytest.mark.parametrize("after", [0.2, 0.7])
-async def test_sigkill_loses_nothing_acknowledged(url: str, tmp_path: Path, after: float
-                                                  ) -> None:
-    """SIGKILL in the middle of group commits: every record whose write had returned is in
-    the database, once; the only records missing are ones never acknowledged."""
+@pytest.mark.parametrize(("mode", "after"), [("commit", 0.2), ("commit", 0.7),
+                                             ("journal", 0.2), ("journal", 0.7)])
+async def test_sigkill_loses_nothing_acknowledged(url: str, tmp_path: Path, mode: str,
+                                                  after: float) -> None:
+    """SIGKILL in the middle of group commits (``commit``: to the database; ``journal``: to
+    the local journal, the database a batch behind): every record whose write had returned is
+    in the database once the spool directory is replayed (the journal adopted), once; the only
+    records missing are ones never acknowledged."""
     tenant = f"t-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "acks.log"
-    proc = run_worker(url, tmp_path / "spool", tenant, log)
+    proc = run_worker(url, tmp_path / "spool", tenant, log, mode)
     time.sleep(after)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)

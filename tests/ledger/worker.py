@@ -1,11 +1,12 @@
 """A gateway stand-in for the crash tests: writes records until a signal stops it.
 
-``python -m tests.ledger.worker URL SPOOL TENANT LOG`` runs 16 writers, each writing one
-record at a time with ``write_durable`` (the group commit the pipeline uses before a response's
-last bytes) to the SQL ledger the URL names, and appends ``<request id>`` to LOG once the write
-returned (an ``os.write`` per line: the page cache keeps it through a SIGKILL), i.e. once a
-client would have had its answer. On SIGTERM it stops writing, closes the ledger (the drain
-under test) and exits 0.
+``python -m tests.ledger.worker URL SPOOL TENANT LOG [MODE]`` runs 16 writers, each writing
+one record at a time with ``write_durable`` (MODE ``commit``, the default: the group commit the
+pipeline uses before a response's last bytes) or ``write_journaled`` (MODE ``journal``: durable
+in the local journal) to the SQL ledger the URL names, and appends ``<request id>`` to LOG
+once the write returned (an ``os.write`` per line: the page cache keeps it through a
+SIGKILL), i.e. once a client would have had its answer. On SIGTERM it stops writing, closes
+the ledger (the drain under test) and exits 0.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from gateway.ledger.sql import open_ledger
 WRITERS = 16
 
 
-async def main(url: str, spool: str, tenant: str, log_path: str) -> None:
+async def main(url: str, spool: str, tenant: str, log_path: str, mode: str = "commit") -> None:
     ledger = open_ledger(url, spool_dir=spool, migrate=True)
     await ledger.start()
     stop = asyncio.Event()
@@ -36,7 +37,10 @@ async def main(url: str, spool: str, tenant: str, log_path: str) -> None:
             rid = f"w{w}-{n}"
             record = UsageRecord(request_id=rid, ts_ms=time.time_ns() // 1_000_000,
                                  tenant=tenant, new=n, output=1, prompt_total=n)
-            await ledger.write_durable(record)
+            if mode == "journal":
+                await ledger.write_journaled(record)
+            else:
+                await ledger.write_durable(record)
             os.write(fd, f"{rid}\n".encode())
 
     await asyncio.gather(*(writer(w) for w in range(WRITERS)))
@@ -45,4 +49,4 @@ async def main(url: str, spool: str, tenant: str, log_path: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:5]))
+    asyncio.run(main(*sys.argv[1:6]))

@@ -23,8 +23,9 @@ AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
 CONNECTIONS = 16
 
 
-def _policy(sim_url: str) -> dict[str, Any]:
+def _policy(sim_url: str, durability: str = "commit") -> dict[str, Any]:
     data = policy({"chat": [sim_url]})
+    data.setdefault("store", {})["ledger_durability"] = durability
     data["auth"]["keys"][0]["tenant"] = "acme"
     data["plans"] = [{"name": "p", "limits": {"rpm": 1_000_000}}]
     data["tenants"] = [{"name": "acme", "plan": "p"}]
@@ -88,10 +89,14 @@ async def _stored(url: str, spool: Path) -> list[str]:
         await ledger.close()
 
 
-@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+@pytest.mark.parametrize(("store", "durability"), [
+    ("sqlite", "commit"), ("postgresql", "commit"), ("sqlite", "journal"),
+    ("postgresql", "journal")])
 def test_sigkill_under_load_loses_no_record_a_client_received(
-    store: str, tmp_path: Path, request: pytest.FixtureRequest
+    store: str, durability: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    """``commit``: a response ends once its record is committed; ``journal``: once it is in
+    the local journal (the dead gateway's journal is replayed from its spool directory)."""
     url = None
     if store == "postgresql":
         url = str(request.getfixturevalue("postgres_url"))
@@ -99,7 +104,7 @@ def test_sigkill_under_load_loses_no_record_a_client_received(
         os.environ["GATEWAY_LEDGER_URL"] = url
     try:
         with SimServer("interactive", speedup=20, jitter=0.0) as sim:
-            gw = GatewayProcess(tmp_path, _policy(sim.url)).start()
+            gw = GatewayProcess(tmp_path, _policy(sim.url, durability)).start()
             load = Load(gw.url).start()
             deadline = time.monotonic() + 60
             while len(load.received) < 600 and time.monotonic() < deadline:

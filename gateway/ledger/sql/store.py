@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.ledger.base import Ledger, LedgerSettings
 from gateway.ledger.errors import LedgerUnavailable
+from gateway.ledger.journal import Journal, adopt_orphans
 from gateway.ledger.record import UsageRecord
 from gateway.ledger.spool import Spool
 from gateway.ledger.sql.compact import THROUGH
@@ -83,6 +84,7 @@ class SqlLedger(Ledger):
     ) -> None:
         super().__init__(settings)
         self.spool = Spool(spool_dir, max_segment_bytes=self.settings.spool_segment_bytes)
+        self.journal = Journal(spool_dir)  # no file until the first ``write_journaled``
         self._deadline = deadline
         self._migrate = migrate
         self._backoff = Backoff(maximum=2.0)
@@ -256,6 +258,7 @@ class SqlLedger(Ledger):
         processes and to repeat: segments are locked while replayed, records deduplicated.
         """
         async with self._replay_lock:
+            adopt_orphans(self.spool)  # a dead process's journal: its records are replayed
             if not self.spool.segment_paths() or not self._backoff.allow():
                 return 0
             try:

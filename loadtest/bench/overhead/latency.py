@@ -10,6 +10,8 @@ One command, one run: the nginx fixture backend, the nginx hop, a redis-server a
   PostgreSQL, buffered (the headline);
 - ``all-on-commit``: ``all-on`` with the default ``ledger_durability: commit`` (a response's
   last bytes wait for its record's commit: the price of durability);
+- ``all-on-journal``: ``all-on`` with ``ledger_durability: journal`` (the last bytes wait for
+  the record's fsync to the local journal; the database gets it in the background);
 - ``all-on-stages`` (unless ``--no-stages``): ``all-on`` under ``loadtest.bench.overhead.stages``,
   which times each stage of every request; its table is the profile, its p50 shows what the
   timing added;
@@ -57,6 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--baseline-tree", type=Path, default=None,
                    help="also run all-on from this tree (PYTHONPATH), e.g. an export of main")
     p.add_argument("--no-commit", action="store_true", help="skip the all-on-commit set-up")
+    p.add_argument("--no-journal", action="store_true", help="skip the all-on-journal set-up")
     p.add_argument("--no-stages", action="store_true", help="skip the profiled set-up")
     p.add_argument("--no-embedded", action="store_true", help="skip the embedded set-up")
     p.add_argument("--proxy-cpu", default="0")
@@ -85,6 +88,8 @@ def setups(args: argparse.Namespace, workdir: Path) -> dict[str, dict[str, Any]]
     out["all-on"] = {"env": ALL_ON, "store": BUFFERED}
     if not args.no_commit:
         out["all-on-commit"] = {"env": ALL_ON, "store": {}}
+    if not args.no_journal:
+        out["all-on-journal"] = {"env": ALL_ON, "store": {"ledger_durability": "journal"}}
     tree = Path(__file__).resolve().parents[3]
     if not args.no_stages:
         out["all-on-stages"] = _staged(workdir, "all-on-stages", tree)
