@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,12 +25,28 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'ledger.db'}"
 
 
+_WORKERS: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test() -> Iterator[None]:
+    """A test that fails before its worker exits (a drain that hangs) kills it, so a stuck
+    worker cannot go on writing for the rest of the suite."""
+    yield
+    while _WORKERS:
+        proc = _WORKERS.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def run_worker(url: str, spool: Path, tenant: str, log: Path, mode: str = "commit"
                ) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.ledger.worker", url, str(spool), tenant, str(log), mode],
         cwd=ROOT,
     )
+    _WORKERS.append(proc)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if log.exists() and log.stat().st_size > 20_000:  # writing steadily
