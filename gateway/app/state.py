@@ -304,10 +304,13 @@ class Gateway:
         ledger, st = self.ledger, self.ledger.stats
         spool = getattr(ledger, "spool", None)
         segments = len(spool.segment_paths()) if spool is not None else 0
+        journal = ledger.journal
         self.metrics.set_ledger(
             ledger.pending, segments,
             {"stored": st.stored, "duplicate": st.duplicates, "spooled": st.spooled,
-             "replayed": st.replayed}, st.max_lag_ms)
+             "replayed": st.replayed}, st.max_lag_ms,
+            journaled=journal.unstored if journal is not None else 0,
+            journal_failed=journal is not None and journal.broken)
         st.max_lag_ms = 0.0  # the gauge reports the worst lag of each second
 
     async def _gauge_loop(self) -> None:

@@ -360,6 +360,14 @@ class Metrics:
         self.ledger_lag = Gauge("gateway_ledger_commit_lag_seconds", "Longest wait from a "
                                 "record's write to its commit since the last report.",
                                 multiprocess_mode="livemax", registry=r)
+        self.ledger_journaled = Gauge("gateway_ledger_journal_records", "Usage records durable "
+                                      "in the local journal (ledger_durability: journal) and "
+                                      "not yet in the database.",
+                                      multiprocess_mode="livesum", registry=r)
+        self.ledger_journal_failed = Gauge("gateway_ledger_journal_failed", "1 once the local "
+                                           "journal failed to write: responses then wait for "
+                                           "the database's commit.",
+                                           multiprocess_mode="livemax", registry=r)
 
     def __repr__(self) -> str:
         mode = "multiprocess" if self.multiprocess else "single"
@@ -555,14 +563,17 @@ class Metrics:
                 self.headroom_started.labels(pool).inc(started)
 
     def set_ledger(self, pending: int, spool_segments: int, outcomes: dict[str, int],
-                   lag_ms: float) -> None:
-        """The ledger's state, once a second: what waits, what spooled, how long commits took."""
+                   lag_ms: float, journaled: int = 0, journal_failed: bool = False) -> None:
+        """The ledger's state, once a second: what waits, what spooled, how long commits took,
+        what only the local journal holds."""
         if self.enabled:
             self.ledger_pending.set(pending)
             self.ledger_spool.set(spool_segments)
             for outcome, count in outcomes.items():
                 self.ledger_records.labels(outcome).set(count)
             self.ledger_lag.set(lag_ms / 1000)
+            self.ledger_journaled.set(journaled)
+            self.ledger_journal_failed.set(int(journal_failed))
 
     def set_redis_up(self, up: bool) -> None:
         if self.enabled:

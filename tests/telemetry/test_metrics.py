@@ -218,8 +218,11 @@ def test_no_zero_series_with_empty_labels() -> None:
 def test_ledger_state() -> None:
     """What waits, what spooled and the worst commit lag reach /metrics as set."""
     m = Metrics()
-    m.set_ledger(7, 2, {"stored": 100, "duplicate": 3, "spooled": 5, "replayed": 5}, 12.5)
+    m.set_ledger(7, 2, {"stored": 100, "duplicate": 3, "spooled": 5, "replayed": 5}, 12.5,
+                 journaled=4, journal_failed=True)
     body, _ = m.render()
+    assert value(body, "gateway_ledger_journal_records") == 4
+    assert value(body, "gateway_ledger_journal_failed") == 1
     assert value(body, "gateway_ledger_pending") == 7
     assert value(body, "gateway_ledger_spool_segments") == 2
     assert value(body, "gateway_ledger_records", outcome="stored") == 100
