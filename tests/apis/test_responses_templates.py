@@ -27,11 +27,12 @@ from .sse import HEAD, split_at
 _text = st.text(max_size=12)
 
 
-def _chunk(delta: dict[str, Any] | None, finish: str | None = None,
-           created: int | None = HEAD["created"]) -> dict[str, Any]:
+def _chunk(delta: dict[str, Any] | None, finish: str | None = None, *,
+           created: bool = True) -> dict[str, Any]:
+    """One chat chunk of choice 0 (``created``: False leaves the key out)."""
     chunk: dict[str, Any] = {**HEAD, "choices": [
         {"index": 0, "delta": delta, "finish_reason": finish}]}
-    if created is None:
+    if not created:
         del chunk["created"]
     return chunk
 
@@ -62,7 +63,7 @@ _chunks = st.one_of(
         "prompt_tokens": st.integers(0, 99), "completion_tokens": st.integers(0, 99),
         "total_tokens": st.integers(0, 200)})),
     st.just({**HEAD, "choices": [{"index": 1, "delta": {"content": "n"}}]}),
-    st.just(_chunk({"content": "late"}, created=None)),
+    st.just(_chunk({"content": "late"}, created=False)),
 )
 
 _requests = st.one_of(
