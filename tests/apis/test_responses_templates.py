@@ -109,7 +109,9 @@ def _compare(chunks: list[dict[str, Any]], request: dict[str, Any] | None, model
              request_id: str, ending: str, cuts: list[int]) -> None:
     """Both translators fed the same reads: the same bytes from every call, the same final
     object and usage."""
-    data = b"".join(_encoded(c) for c in chunks)
+    # the first chunk carries ``created``: without one, both would read the clock, perhaps
+    # on either side of a second
+    data = b"".join(_encoded(c) for c in [_chunk({"role": "assistant"}), *chunks])
     if ending == "done":
         data += b"data: [DONE]\n\n"
     elif ending == "error-chunk":
