@@ -153,6 +153,10 @@ class Frontend(abc.ABC):
     path: str
     #: the backend path when passed through unchanged
     upstream_path: str
+    #: its stream reports the prompt's tokens before the backend's usage arrives (Anthropic's
+    #: ``message_start``): only then does a translated stream have the prompt counted for it
+    #: (``stream``'s ``prompt_tokens``; 0 otherwise, the tokenising skipped)
+    stream_counts_prompt: bool = False
 
     @abc.abstractmethod
     def translate(self, payload: dict[str, Any],
@@ -175,7 +179,8 @@ class Frontend(abc.ABC):
                request: Mapping[str, Any] | None = None) -> StreamTranslator:
         """A translator for one streamed answer (``prompt_tokens``: the gateway's count of the
         translated prompt, for APIs that report input usage before the backend's usage
-        arrives, such as Anthropic's ``message_start``; ``request`` as for ``answer``)."""
+        arrives, such as Anthropic's ``message_start`` (``stream_counts_prompt``), else 0;
+        ``request`` as for ``answer``)."""
 
     @abc.abstractmethod
     def error(self, error: GatewayError) -> tuple[int, bytes]:

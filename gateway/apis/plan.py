@@ -119,7 +119,9 @@ def plan_upstream(
     prompt_tokens: Callable[[], int],
 ) -> Upstream:
     """Pass through (the pool speaks the API) or translate to chat; the body, the path, the
-    stream's scanner and the model renamer that go with it."""
+    stream's scanner and the model renamer that go with it. ``prompt_tokens`` counts the
+    prompt: called only for a translated stream whose front-end reports it up front
+    (``Frontend.stream_counts_prompt``), since the count may tokenise the whole prompt."""
     renamer = ModelRenamer(upstream_model, parsed.model) if upstream_model != parsed.model \
         else None
     if (speaks(pool, frontend.name) and parsed.native is not None
@@ -138,8 +140,11 @@ def plan_upstream(
     chat["model"] = upstream_model
     scanner = None
     if parsed.stream:
-        translator = frontend.stream(model=parsed.model, request_id=request_id,
-                                     prompt_tokens=prompt_tokens(), request=parsed.native)
+        # the prompt is counted only for a stream that reports it (``stream_counts_prompt``)
+        translator = frontend.stream(
+            model=parsed.model, request_id=request_id,
+            prompt_tokens=prompt_tokens() if frontend.stream_counts_prompt else 0,
+            request=parsed.native)
         scanner = TranslatingScanner(translator)
     return Upstream(frontend, False, CHAT_PATH, _encode(chat), scanner, None, parsed.model,
                     request_id, "openai", parsed.native,

@@ -1,10 +1,12 @@
 """The Responses ``response`` object, built from a chat completions answer (and back).
 
 One builder (``response_object``) makes every response the front-end writes: the non-streamed
-answer, and the snapshots a stream carries in ``response.created`` / ``response.in_progress`` /
-``response.completed``, so a stream's last event and the whole answer for the same chat answer
-are the same object. Besides the output it echoes the request's settings, as OpenAI does and as
-the SDK's ``Response`` model requires (``tools``, ``tool_choice``, ``parallel_tool_calls``, ...).
+answer, and the objects a stream carries in ``response.created`` / ``response.in_progress`` /
+``response.completed`` (the stream writes their JSON from pieces of one ``response_object``, and
+builds its ``final`` with it), so a stream's last event and the whole answer for the same chat
+answer are the same object. Besides the output it echoes the request's settings, as OpenAI
+does and as the SDK's ``Response`` model requires (``tools``, ``tool_choice``,
+``parallel_tool_calls``, ...).
 
 Output items from a chat answer, in this order: the backend's reasoning text
 (``reasoning_content`` or ``reasoning``, as vLLM and DeepSeek send it) as a ``reasoning`` item
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from gateway.accounting.usage import BackendUsage
 
 __all__ = [
+    "ECHOED",
     "INCOMPLETE",
     "chat_answer_from_response",
     "chat_usage",
@@ -45,7 +48,6 @@ __all__ = [
     "reasoning_item",
     "response_id",
     "response_object",
-    "response_update",
     "responses_answer",
     "responses_usage",
     "text_part",
@@ -123,7 +125,7 @@ def chat_usage(usage: Mapping[str, Any]) -> dict[str, Any]:
 #: request fields echoed from something other than themselves, or with a default other than
 #: None: a request with none of them (``model``, ``input``, ``max_output_tokens``, ``store``,
 #: ``stream``: the usual short request) gets the defaults as they are, without reading each
-_ECHOED = frozenset({
+ECHOED = frozenset({
     "instructions", "parallel_tool_calls", "previous_response_id", "reasoning", "temperature",
     "text", "tool_choice", "tools", "top_p", "truncation", "user", "metadata",
 })
@@ -158,7 +160,7 @@ def response_object(
 
     ``text``: the output's ``output_text`` when the caller knows it (else joined from
     ``output``). The nested defaults are new objects each time, as a caller may change its
-    response; the request's settings are read only when it has one (``_ECHOED``) besides
+    response; the request's settings are read only when it has one (``ECHOED``) besides
     ``max_output_tokens`` and ``store``.
     """
     req = request if request is not None else _NO_REQUEST
@@ -178,7 +180,7 @@ def response_object(
     response["tools"] = []
     response["usage"] = usage
     response["metadata"] = {}
-    if not _ECHOED.isdisjoint(req):
+    if not ECHOED.isdisjoint(req):
         _echo(req, response)
     return response
 
@@ -203,21 +205,6 @@ def _echo(req: Mapping[str, Any], response: dict[str, Any]) -> None:
     response["truncation"] = req.get("truncation") or "disabled"
     response["user"] = req.get("user")
     response["metadata"] = req.get("metadata") or {}
-
-
-def response_update(snapshot: Mapping[str, Any], *, status: str, output: list[dict[str, Any]],
-                    usage: dict[str, Any] | None, incomplete: str | None = None
-                    ) -> dict[str, Any]:
-    """``response_object`` of the same response as ``snapshot`` (one it made) with a new
-    status, output and usage: the request's settings are copied rather than read again, which
-    a stream does at its end; the keys keep their order, so the JSON is the same."""
-    response = dict(snapshot)
-    response["status"] = status
-    response["incomplete_details"] = None if incomplete is None else {"reason": incomplete}
-    response["output"] = output
-    response["output_text"] = output_text(output)
-    response["usage"] = usage
-    return response
 
 
 def _text_of(content: Any) -> str:

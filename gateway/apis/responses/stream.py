@@ -31,8 +31,18 @@ chat answer.
 
 A stream broken after its first byte ends with ``fail``: one ``error`` event (``code``,
 ``message``, ``param``) and nothing after; a backend chunk carrying an ``error`` does the same.
-The per-token events are rendered from a prefix made once per content part: one JSON encode of
-the delta text per chunk.
+The events are byte templates, not dicts encoded whole: each event's JSON is written from
+constant pieces (its ``event:`` line and ``type``, the fixed fields of its item or part) with
+the varying values spliced in, each encoded once (an item id once per item, a part's joined
+text once for its ``*.done``, ``content_part.done``, ``output_item.done`` events and the
+terminal response; an item's JSON once for its ``output_item.done`` and the terminal
+response's ``output``). The response object's JSON is split once per stream around the values
+that change (``_RESPONSE_VARIABLE``); for a request that echoes no setting besides
+``max_output_tokens`` and ``store`` (the usual short request) the pieces are made once per
+module for each such model and settings (``_plain_pieces``). The bytes are those msgspec writes
+for the dicts the events stand for (the recorded-stream replay and the differential test
+against the dict translator check it); ``final`` is built as a dict only when read (a stored
+response), by ``response_object`` as the whole answer is.
 """
 
 from __future__ import annotations
@@ -45,13 +55,13 @@ import msgspec
 from gateway.accounting.usage import usage_from_mapping
 from gateway.apis.base import StreamTranslator
 from gateway.apis.responses.answer import (
+    ECHOED,
     INCOMPLETE,
     function_call_item,
     item_id,
     message_item,
     reasoning_item,
     response_object,
-    response_update,
     responses_usage,
     text_part,
 )
@@ -76,38 +86,107 @@ def _tail(seq: int) -> bytes:
     """``,"sequence_number":N}`` and the event's blank line."""
     return _TAILS[seq] if seq < 4096 else b',"sequence_number":%d}\n\n' % seq
 
-#: per content part kind: (delta event, done event, the done event's text field)
-_PART_EVENTS = {
-    "output_text": ("response.output_text.delta", "response.output_text.done", "text"),
-    "refusal": ("response.refusal.delta", "response.refusal.done", "refusal"),
-    "reasoning_text": ("response.reasoning_text.delta", "response.reasoning_text.done", "text"),
+
+def _head(type_: str) -> bytes:
+    """An event up to its first field after ``type`` (the types need no JSON escaping)."""
+    return b'event: %s\ndata: {"type":"%s",' % (type_.encode(), type_.encode())
+
+
+_CREATED = _head("response.created")
+_IN_PROGRESS = _head("response.in_progress")
+_ITEM_ADDED = _head("response.output_item.added")
+_ITEM_DONE = _head("response.output_item.done")
+_PART_ADDED = _head("response.content_part.added")
+_PART_DONE = _head("response.content_part.done")
+_ARGUMENTS_DONE = _head("response.function_call_arguments.done")
+_COMPLETED = _head("response.completed")
+_INCOMPLETE = _head("response.incomplete")
+_LOGPROBS = b',"logprobs":[]'
+_STATUS = {"completed": b'"completed"', "incomplete": b'"incomplete"'}
+
+#: per content part kind: its delta event's head, its done event's head and text field, the
+#: empty part of ``content_part.added`` and the JSON of a whole part around its text
+_PARTS: dict[str, tuple[bytes, bytes, bytes, bytes, bytes, bytes]] = {
+    "output_text": (_head("response.output_text.delta"), _head("response.output_text.done"),
+                    b',"text":', _encode(text_part("")),
+                    b'{"type":"output_text","text":', b',"annotations":[]}'),
+    "refusal": (_head("response.refusal.delta"), _head("response.refusal.done"),
+                b',"refusal":', b'{"type":"refusal","refusal":""}',
+                b'{"type":"refusal","refusal":', b"}"),
+    "reasoning_text": (_head("response.reasoning_text.delta"),
+                       _head("response.reasoning_text.done"), b',"text":',
+                       b'{"type":"reasoning_text","text":""}',
+                       b'{"type":"reasoning_text","text":', b"}"),
 }
+
+#: the ``response`` keys whose values differ between streams or between a stream's snapshot
+#: and its end, in the object's key order: its JSON is written as the pieces between them with
+#: these values spliced in
+_RESPONSE_VARIABLE = ("id", "created_at", "status", "incomplete_details", "output",
+                      "output_text", "usage")
+
+
+def _pieces(response: dict[str, Any]) -> tuple[bytes, ...]:
+    """``response``'s JSON without the values of ``_RESPONSE_VARIABLE``: the piece before
+    each such value (ending with its key) and the rest, as msgspec writes the whole object."""
+    pieces: list[bytes] = []
+    run: dict[str, Any] = {}
+    lead = b"{"
+    for key, value in response.items():
+        if key not in _RESPONSE_VARIABLE:
+            run[key] = value
+            continue
+        fixed = _encode(run)[1:-1] if run else b""
+        pieces.append(lead + (fixed + b"," if fixed else b"") + _encode(key) + b":")
+        lead = b","
+        run = {}
+    fixed = _encode(run)[1:-1] if run else b""
+    pieces.append((b"," + fixed if fixed else b"") + b"}")
+    assert len(pieces) == len(_RESPONSE_VARIABLE) + 1, "a response key is missing"
+    return tuple(pieces)
+
+
+#: ``_pieces`` of a request that echoes nothing (``ECHOED``), by the JSON of its model,
+#: ``max_output_tokens`` and ``store`` (all that varies in such a response's fixed pieces)
+_PLAIN: dict[bytes, tuple[bytes, ...]] = {}
+_PLAIN_MAX = 256  # models x settings kept; more clears the table (a client's varied models)
+
+
+def _plain_pieces(model: str, request: Mapping[str, Any]) -> tuple[bytes, ...]:
+    """The pieces of a request that echoes no setting, made once per module for each."""
+    key = _encode((model, request.get("max_output_tokens"), request.get("store", True)))
+    pieces = _PLAIN.get(key)
+    if pieces is None:
+        if len(_PLAIN) >= _PLAIN_MAX:
+            _PLAIN.clear()
+        pieces = _PLAIN[key] = _pieces(response_object(
+            request_id="", model=model, created_at=0, status="", output=[], usage=None,
+            request=request))
+    return pieces
 
 
 class _Open:
     """The output item being streamed."""
 
-    __slots__ = ("args", "call_id", "id", "index", "key", "kind", "name", "part", "parts",
-                 "prefix", "texts")
+    __slots__ = ("args", "call_id", "id", "id_json", "index", "key", "kind", "name", "part",
+                 "part_json", "parts", "prefix", "texts", "texts_json", "where")
 
     def __init__(self, kind: str, index: int, id_: str) -> None:
         self.kind = kind  # message, reasoning, function_call
         self.index = index
         self.id = id_
+        self.id_json = _encode(id_)
         self.parts: list[dict[str, Any]] = []  # closed content parts
+        self.part_json: list[bytes] = []  # their JSON
+        self.texts_json: list[bytes] = []  # their texts' JSON
         self.part: str | None = None  # the open part's kind
         self.texts: list[str] = []  # the open part's text (or a call's arguments)
+        self.where = b""  # the open part's ``"item_id":..,"output_index":..,"content_index":..``
         self.prefix = b""  # the open part's (or call's) delta event up to the delta
         self.key: int | str | None = None
         self.call_id = ""
         self.name = ""
         self.args: list[str] = []  # a call's arguments
-
-
-def _prefix(type_: str, fields: dict[str, Any]) -> bytes:
-    """A delta event up to its ``delta`` value."""
-    head = _encode({"type": type_, **fields})[:-1]
-    return b"event: " + type_.encode() + b"\ndata: " + head + b',"delta":'
 
 
 class ResponsesStream(StreamTranslator):
@@ -124,19 +203,37 @@ class ResponsesStream(StreamTranslator):
         self._started = False
         self._closed = False
         self._created_at = 0
-        #: the ``response.created`` snapshot (the request's settings echoed), made at the start
-        self._snapshot: dict[str, Any] = {}
+        #: the response's JSON pieces (``_pieces``), made at the start
+        self._pieces: tuple[bytes, ...] = ()
+        self._lead = b""  # the response's JSON up to its status: pieces, id and created_at
         self._count = 0  # output items opened
         self._open: _Open | None = None
         self._output: list[dict[str, Any]] = []  # closed items, in output order
+        #: their JSON, or None once a closed call's arguments grew (a backend that went back)
+        self._output_json: list[bytes] | None = []
+        #: the JSON of each message text part, in output order (the response's ``output_text``)
+        self._texts_json: list[bytes] = []
+        self._texts: list[str] = []
         self._calls: dict[int | str, int] = {}  # tool call key -> output index
         self._finish: str | None = None
         #: the backend's usage, when its usage chunk arrived
         self.usage: BackendUsage | None = None
-        #: the whole response the terminal event carried (``response.completed`` or
-        #: ``response.incomplete``): what a stored response keeps; None until then, and for a
-        #: stream that failed
-        self.final: dict[str, Any] | None = None
+        #: the terminal event's status, usage and incomplete reason, once it is out
+        self._ending: tuple[str, dict[str, Any] | None, str | None] | None = None
+        self._final: dict[str, Any] | None = None
+
+    @property
+    def final(self) -> dict[str, Any] | None:
+        """The whole response the terminal event carried (``response.completed`` or
+        ``response.incomplete``): what a stored response keeps; None until then, and for a
+        stream that failed. Built on first read, by the code that builds the whole answer."""
+        if self._final is None and self._ending is not None:
+            status, usage, incomplete = self._ending
+            self._final = response_object(
+                request_id=self._rid, model=self._model, created_at=self._created_at,
+                status=status, output=self._output, usage=usage, request=self._request,
+                incomplete=incomplete)
+        return self._final
 
     # -- the contract -------------------------------------------------------------------------
 
@@ -203,10 +300,17 @@ class ResponsesStream(StreamTranslator):
     # -- Responses events out -----------------------------------------------------------------
 
     def _emit(self, type_: str, fields: dict[str, Any]) -> bytes:
+        """An event from a dict (the ``error`` event)."""
         seq = self._seq
         self._seq += 1
         data = _encode({"type": type_, **fields, "sequence_number": seq})
         return b"event: " + type_.encode() + b"\ndata: " + data + b"\n\n"
+
+    def _put(self, head: bytes, body: bytes, out: list[bytes]) -> None:
+        """An event from its ``head`` (``_head``) and the JSON of its fields after ``type``."""
+        seq = self._seq
+        self._seq = seq + 1
+        out.append(head + body + (_TAILS[seq] if seq < 4096 else _tail(seq)))
 
     def _delta(self, prefix: bytes, text: str) -> bytes:
         seq = self._seq
@@ -216,15 +320,28 @@ class ResponsesStream(StreamTranslator):
     def _start(self, created: float | None, out: list[bytes]) -> None:
         self._started = True
         self._created_at = int(created) if created is not None else int(time.time())
-        self._snapshot = response_object(
-            request_id=self._rid, model=self._model, created_at=self._created_at,
-            status="in_progress", output=[], usage=None, request=self._request)
-        body = _encode(self._snapshot)  # once for both events, which carry the same snapshot
-        for type_ in ("response.created", "response.in_progress"):
-            seq = self._seq
-            self._seq += 1
-            out.append(b"event: %s\ndata: {\"type\":\"%s\",\"response\":%s,"
-                       b"\"sequence_number\":%d}\n\n" % (type_.encode(), type_.encode(), body, seq))
+        request = self._request
+        if request is None or ECHOED.isdisjoint(request):
+            self._pieces = _plain_pieces(self._model, request or {})
+        else:
+            self._pieces = _pieces(response_object(
+                request_id=self._rid, model=self._model, created_at=0, status="", output=[],
+                usage=None, request=request))
+        p = self._pieces
+        self._lead = b"".join((p[0], _encode("resp_" + self._rid), p[1],
+                               b"%d" % self._created_at, p[2]))
+        # once for both events, which carry the same snapshot
+        body = b'"response":' + self._response(b'"in_progress"', b"null", b"[]", b'""', b"null")
+        self._put(_CREATED, body, out)
+        self._put(_IN_PROGRESS, body, out)
+
+    def _response(self, status: bytes, incomplete: bytes, output: bytes, text: bytes,
+                  usage: bytes) -> bytes:
+        """The response's JSON with these values' JSON (``_RESPONSE_VARIABLE``; the id and
+        ``created_at`` are in ``_lead``)."""
+        p = self._pieces
+        return b"".join((self._lead, status, p[3], incomplete, p[4], output, p[5], text, p[6],
+                         usage, p[7]))
 
     def _complete(self, out: list[bytes]) -> None:
         """The last event: the whole response."""
@@ -232,12 +349,19 @@ class ResponsesStream(StreamTranslator):
             self._start(None, out)
         self._end_output(out)
         incomplete = INCOMPLETE.get(self._finish or "")
-        response = response_update(
-            self._snapshot, status="completed" if incomplete is None else "incomplete",
-            output=self._output, usage=responses_usage(self.usage), incomplete=incomplete)
-        kind = "response.completed" if incomplete is None else "response.incomplete"
-        self.final = response
-        out.append(self._emit(kind, {"response": response}))
+        status = "completed" if incomplete is None else "incomplete"
+        usage = responses_usage(self.usage)
+        self._ending = (status, usage, incomplete)
+        items = self._output_json
+        output = (b"[" + b",".join(items) + b"]" if items is not None
+                  else _encode(self._output))
+        texts = self._texts_json
+        text = texts[0] if len(texts) == 1 else _encode("".join(self._texts))
+        response = self._response(
+            _STATUS[status], b"null" if incomplete is None else _encode({"reason": incomplete}),
+            output, text, b"null" if usage is None else _encode(usage))
+        self._put(_COMPLETED if incomplete is None else _INCOMPLETE, b'"response":' + response,
+                  out)
         self._closed = True
 
     def _end_output(self, out: list[bytes]) -> None:
@@ -255,13 +379,14 @@ class ResponsesStream(StreamTranslator):
         prefix = {"message": "msg", "reasoning": "rs", "function_call": "fc"}[kind]
         item = self._open = _Open(kind, index, item_id(prefix, self._rid, index))
         if kind == "message":
-            added = message_item(item.id, [], "in_progress")
+            added = b'"output_index":%d,"item":{"id":%s,"type":"message",' \
+                    b'"status":"in_progress","role":"assistant","content":[]}'
         elif kind == "reasoning":
-            added = reasoning_item(item.id, None, "in_progress")
+            added = b'"output_index":%d,"item":{"id":%s,"type":"reasoning","summary":[],' \
+                    b'"content":[],"status":"in_progress"}'
         else:
             return item  # a call's added event needs its call id and name (``_tool``)
-        out.append(self._emit("response.output_item.added",
-                              {"output_index": index, "item": added}))
+        self._put(_ITEM_ADDED, added % (index, item.id_json), out)
         return item
 
     def _text(self, kind: str, part: str, text: str, out: list[bytes]) -> None:
@@ -280,30 +405,35 @@ class ResponsesStream(StreamTranslator):
     def _part_added(self, item: _Open, part: str, out: list[bytes]) -> None:
         item.part = part
         item.texts = []
-        where = {"item_id": item.id, "output_index": item.index,
-                 "content_index": len(item.parts)}
-        empty = (text_part("") if part == "output_text" else
-                 {"type": "refusal", "refusal": ""} if part == "refusal" else
-                 {"type": "reasoning_text", "text": ""})
-        out.append(self._emit("response.content_part.added", {**where, "part": empty}))
-        delta_type = _PART_EVENTS[part][0]
-        extra: dict[str, Any] = {"logprobs": []} if part == "output_text" else {}
-        item.prefix = _prefix(delta_type, {**where, **extra})
+        where = item.where = b'"item_id":%s,"output_index":%d,"content_index":%d' % (
+            item.id_json, item.index, len(item.parts))
+        delta_head, _, _, empty, _, _ = _PARTS[part]
+        self._put(_PART_ADDED, where + b',"part":' + empty, out)
+        item.prefix = (delta_head + where + (_LOGPROBS if part == "output_text" else b"")
+                       + b',"delta":')
 
     def _part_done(self, item: _Open, out: list[bytes]) -> None:
         part = item.part
         assert part is not None
         text = "".join(item.texts)
-        _, done_type, field = _PART_EVENTS[part]
-        where = {"item_id": item.id, "output_index": item.index,
-                 "content_index": len(item.parts)}
-        extra: dict[str, Any] = {"logprobs": []} if part == "output_text" else {}
-        out.append(self._emit(done_type, {**where, field: text, **extra}))
-        whole = (text_part(text) if part == "output_text" else
-                 {"type": "refusal", "refusal": text} if part == "refusal" else
-                 {"type": "reasoning_text", "text": text})
-        out.append(self._emit("response.content_part.done", {**where, "part": whole}))
+        text_json = _encode(text)
+        _, done_head, field, _, before, after = _PARTS[part]
+        where = item.where
+        if part == "output_text":
+            self._put(done_head, where + field + text_json + _LOGPROBS, out)
+            whole = text_part(text)
+            if item.kind == "message":
+                self._texts.append(text)
+                self._texts_json.append(text_json)
+        else:
+            self._put(done_head, where + field + text_json, out)
+            whole = ({"type": "refusal", "refusal": text} if part == "refusal" else
+                     {"type": "reasoning_text", "text": text})
+        part_json = before + text_json + after
+        self._put(_PART_DONE, where + b',"part":' + part_json, out)
         item.parts.append(whole)
+        item.part_json.append(part_json)
+        item.texts_json.append(text_json)
         item.part = None
 
     def _tool(self, call: ChunkToolCall, out: list[bytes]) -> None:
@@ -324,18 +454,20 @@ class ResponsesStream(StreamTranslator):
             done = self._calls.get(key)
             if done is not None:  # a call already closed: the final object only
                 self._output[done]["arguments"] += args or ""
+                self._output_json = None  # its JSON is out of date: encode the output whole
                 return
             item = self._item_open("function_call", out)
             item.key = key
             item.call_id = call.id or f"call_{self._rid}_{item.index}"
             item.name = name or ""
             self._calls[key] = item.index
-            out.append(self._emit("response.output_item.added", {
-                "output_index": item.index,
-                "item": function_call_item(item.id, item.call_id, item.name, "", "in_progress"),
-            }))
-            item.prefix = _prefix("response.function_call_arguments.delta",
-                                  {"item_id": item.id, "output_index": item.index})
+            self._put(_ITEM_ADDED, b'"output_index":%d,"item":{"id":%s,"type":"function_call",'
+                      b'"status":"in_progress","arguments":"","call_id":%s,"name":%s}' % (
+                          item.index, item.id_json, _encode(item.call_id), _encode(item.name)),
+                      out)
+            item.prefix = (_head("response.function_call_arguments.delta")
+                           + b'"item_id":%s,"output_index":%d,"delta":' % (item.id_json,
+                                                                            item.index))
         elif name:
             item.name += name
         if args:
@@ -350,24 +482,38 @@ class ResponsesStream(StreamTranslator):
             return
         self._open = None
         status = "incomplete" if last and self._finish in INCOMPLETE else "completed"
-        if item.kind == "function_call":
+        kind = item.kind
+        if kind == "function_call":
             arguments = "".join(item.args)
-            out.append(self._emit("response.function_call_arguments.done", {
-                "item_id": item.id, "output_index": item.index, "arguments": arguments}))
+            args_json = _encode(arguments)
+            self._put(_ARGUMENTS_DONE, b'"item_id":%s,"output_index":%d,"arguments":%s' % (
+                item.id_json, item.index, args_json), out)
             done = function_call_item(item.id, item.call_id, item.name, arguments, status)
+            item_json = b'{"id":%s,"type":"function_call","status":%s,"arguments":%s,' \
+                        b'"call_id":%s,"name":%s}' % (item.id_json, _STATUS[status], args_json,
+                                                     _encode(item.call_id),
+                                                     _encode(item.name))
         else:
             if item.part is not None:
                 self._part_done(item, out)
-            if item.kind == "message":
+            if kind == "message":
                 done = message_item(item.id, item.parts, status)
+                item_json = b'{"id":%s,"type":"message","status":%s,"role":"assistant",' \
+                            b'"content":[%s]}' % (item.id_json, _STATUS[status],
+                                                  b",".join(item.part_json))
             else:
                 text = "".join(p["text"] for p in item.parts)
                 done = reasoning_item(item.id, text, status)
-        out.append(self._emit("response.output_item.done",
-                              {"output_index": item.index, "item": done}))
+                texts = item.texts_json
+                item_json = b'{"id":%s,"type":"reasoning","summary":[],"content":' \
+                            b'[{"type":"reasoning_text","text":%s}],"status":%s}' % (
+                                item.id_json, texts[0] if len(texts) == 1 else _encode(text),
+                                _STATUS[status])
+        self._put(_ITEM_DONE, b'"output_index":%d,"item":' % item.index + item_json, out)
         self._output.append(done)
+        if self._output_json is not None:
+            self._output_json.append(item_json)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<ResponsesStream [{state} | {len(self._output)} items, seq {self._seq}]>"
-

@@ -7,8 +7,9 @@ completion of the same content (the overhead bench's request and fixture answers
 * ``chat``: the chat request parsed (``parse_request``); a stream is read by the usage
   scanner (``StreamScanner``) as the relay reads it;
 * ``messages`` / ``responses``: the request decoded, checked and translated
-  (``parse_translated``), the chat body encoded for the backend, the prompt counted (a
-  translated stream reports input tokens up front), and the answer translated back
+  (``parse_translated``), the chat body encoded for the backend, the prompt counted for a
+  stream that reports input tokens up front (Messages' ``message_start``; not Responses), and
+  the answer translated back
   (``Upstream.answer``), or the stream through ``TranslatingScanner`` (the usage scanner, then
   the front-end's ``StreamTranslator``).
 
@@ -92,7 +93,9 @@ def paths(api: str, *, stream: bool, piece: int, counter: PromptCounter
         chat["model"] = parsed.model
         upstream = _encode(chat)
         if stream:
-            tokens = count_prompt(counter, "chat", parsed.payload).total
+            # counted as the gateway counts it: only for a stream that reports it up front
+            tokens = (count_prompt(counter, "chat", parsed.payload).total
+                      if frontend.stream_counts_prompt else 0)
             translator = frontend.stream(model=parsed.model, request_id="req-bench",
                                          prompt_tokens=tokens, request=parsed.native)
             return _feed(TranslatingScanner(translator), reads)
