@@ -180,6 +180,8 @@ class Pipeline:
 
     def __init__(self, services: Services) -> None:
         self.services = services
+        #: requests of this process between their headers and their usage record
+        self.active = 0
 
     async def run(self, inbound: Inbound, send: Send) -> None:
         """One request, from its headers to its usage record; answers through ``send``."""
@@ -192,6 +194,7 @@ class Pipeline:
         span = services.tracing.start(inbound.headers, ctx)
         parsed: ParsedRequest | None = None
         frontend = frontend_for(inbound.endpoint.api)  # None: a chat-shaped API
+        self.active += 1
         try:
             if inbound.method != "POST":
                 raise MethodNotAllowed(
@@ -235,6 +238,7 @@ class Pipeline:
                 await _send_error(send, frontend, InternalError("internal gateway error"),
                                   answer)
         finally:
+            self.active -= 1
             self._finish(runtime, ctx, parsed, span)
 
     async def _serve(
@@ -398,8 +402,8 @@ class Pipeline:
         durability = runtime.policy.store.ledger_durability
         if durability == "commit":
             await self.services.ledger.write_durable(record)
-        elif durability == "journal":
-            await self.services.ledger.write_journaled(record)
+        elif durability == "journal":  # alone: nothing to overlap the fsync with
+            await self.services.ledger.write_journaled(record, alone=self.active <= 1)
         else:
             self.services.ledger.write_nowait(record)
 

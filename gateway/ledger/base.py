@@ -161,14 +161,16 @@ class Ledger(abc.ABC):
             self._wake.set()
         return waiter
 
-    def write_journaled(self, record: UsageRecord) -> asyncio.Future[None]:
+    def write_journaled(self, record: UsageRecord, *, alone: bool = False
+                        ) -> asyncio.Future[None]:
         """Queue one record as ``write_nowait`` does; the future completes once it is durable
-        in the local journal or in the store (``write_durable`` without a working journal)."""
+        in the local journal or in the store (``write_durable`` without a working journal).
+        ``alone``: no other request is in flight (``Journal.append``)."""
         journal = self.journal
         if journal is None or journal.broken or self._closed:
             return self.write_durable(record)
         self._append(record)
-        return journal.append(record)
+        return journal.append(record, alone=alone)
 
     def _append(self, record: UsageRecord) -> int:
         """Buffer one record; its index in the buffer (-1: spooled at once, after close).

@@ -97,7 +97,8 @@ async def test_sigterm_drains(url: str, tmp_path: Path, mode: str) -> None:
 
 
 @pytest.mark.parametrize(("mode", "after"), [("commit", 0.2), ("commit", 0.7),
-                                             ("journal", 0.2), ("journal", 0.7)])
+                                             ("journal", 0.2), ("journal", 0.7),
+                                             ("journal-alone", 0.4)])
 async def test_sigkill_loses_nothing_acknowledged(url: str, tmp_path: Path, mode: str,
                                                   after: float) -> None:
     """SIGKILL in the middle of group commits (``commit``: to the database; ``journal``: to

@@ -71,6 +71,23 @@ async def test_a_journaled_record_is_on_disk_before_the_database_has_it(
     assert journal_files(spool) == []  # stored by the drain: its copy is gone
 
 
+async def test_a_record_written_alone_is_fsyncd_on_the_loop(
+    open_sql: Opener, tmp_path: Path, tenant: str, make_record: RecordFactory
+) -> None:
+    """With no other request in flight the write is made before ``write_journaled`` returns
+    (no hand-off to the journal's thread), and the segment is the same as the thread's."""
+    spool = tmp_path / "spool"
+    ledger = await open_sql(spool, **QUIET)
+    first, second = make_record(tenant), make_record(tenant)
+    done = ledger.write_journaled(first, alone=True)
+    assert done.done()
+    await asyncio.wait_for(ledger.write_journaled(second), TIMEOUT)  # through the thread
+    (segment,) = journal_files(spool)
+    records, _ = decode_records(segment.read_bytes())
+    assert [r.request_id for r in records] == [first.request_id, second.request_id]
+    assert ledger.journal is not None and ledger.journal.fsyncs == 2
+
+
 async def test_sealed_segments_go_once_their_records_are_stored(
     open_sql: Opener, tmp_path: Path, tenant: str, make_record: RecordFactory
 ) -> None:

@@ -3,7 +3,8 @@
 ``python -m tests.ledger.worker URL SPOOL TENANT LOG [MODE]`` runs 16 writers, each writing
 one record at a time with ``write_durable`` (MODE ``commit``, the default: the group commit the
 pipeline uses before a response's last bytes) or ``write_journaled`` (MODE ``journal``: durable
-in the local journal) to the SQL ledger the URL names, and appends ``<request id>`` to LOG
+in the local journal; ``journal-alone``: each written on the loop, as with one request in
+flight) to the SQL ledger the URL names, and appends ``<request id>`` to LOG
 once the write returned (an ``os.write`` per line: the page cache keeps it through a
 SIGKILL), i.e. once a client would have had its answer. On SIGTERM it stops writing, closes
 the ledger (the drain under test) and exits 0.
@@ -37,8 +38,8 @@ async def main(url: str, spool: str, tenant: str, log_path: str, mode: str = "co
             rid = f"w{w}-{n}"
             record = UsageRecord(request_id=rid, ts_ms=time.time_ns() // 1_000_000,
                                  tenant=tenant, new=n, output=1, prompt_total=n)
-            if mode == "journal":
-                await ledger.write_journaled(record)
+            if mode.startswith("journal"):  # journal-alone: written on the loop
+                await ledger.write_journaled(record, alone=mode == "journal-alone")
             else:
                 await ledger.write_durable(record)
             os.write(fd, f"{rid}\n".encode())
