@@ -215,6 +215,11 @@ class Pool(_Base, frozen=True):
     #: flood does not wait for the flood's next completion (the flood never gets them); keep
     #: ``max_in_flight`` + this within the engine's running batch. 0: none
     fair_headroom: Annotated[int, msgspec.Meta(ge=0, le=64)] = 1
+    #: ``least_loaded`` (and ``prefix`` when no backend holds the prompt's prefix): of the two
+    #: backends compared, the one with fewer streamed requests awaiting their first chunk wins
+    #: while its load is within 1.25x the other's, since every prefill an engine has scheduled
+    #: delays a newcomer's first token by its whole length; false: load and latency alone
+    prefill_aware: bool = True
     #: settings of ``strategy: prefix`` (default settings when left out)
     prefix: PrefixRouting | None = None
 

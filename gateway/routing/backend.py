@@ -42,6 +42,7 @@ class BackendState:
         "in_flight",
         "label",
         "not_before",
+        "prefilling",
         "tpot_ewma",
         "ttft_ewma",
         "urls",
@@ -50,6 +51,10 @@ class BackendState:
     def __init__(self, config: Backend, label: str) -> None:
         self.label = label
         self.in_flight = 0
+        #: streamed requests sent here whose first chunk has not come back yet (queued or
+        #: prefilling in the engine): a newcomer's first token waits for their prefill steps.
+        #: Counted by the forwarder around one attempt
+        self.prefilling = 0
         self.ttft_ewma = 0.0  # seconds; 0 = no observation yet
         self.tpot_ewma = 0.0
         self.engine_waiting = 0.0  # from scraped engine metrics
@@ -89,6 +94,14 @@ class BackendState:
 
     def release(self) -> None:
         self.in_flight -= 1
+
+    def prefill_started(self) -> None:
+        """A streamed request was sent here and awaits its first chunk."""
+        self.prefilling += 1
+
+    def prefill_ended(self) -> None:
+        """Its first chunk came back, or the attempt ended without one."""
+        self.prefilling -= 1
 
     # --- health
     def available(self, now: float) -> bool:
@@ -155,5 +168,5 @@ class BackendState:
         state = "ejected" if self.ejected_until else "healthy"
         return (
             f"<BackendState {self.label} [in flight: {self.in_flight}/"
-            f"{self.config.max_in_flight} | {state}]>"
+            f"{self.config.max_in_flight} (prefilling {self.prefilling}) | {state}]>"
         )

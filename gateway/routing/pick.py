@@ -5,6 +5,13 @@ wins. Cost = (outstanding + engine queue + 1) / weight, times a latency penalty 
 observed TTFT and decode time relative to the pool's best, times a KV-pressure penalty when the
 engine reports its cache nearly full. Comparing two random candidates rather than taking the
 global minimum keeps many gateway processes from piling onto one momentarily idle backend.
+Prefill-aware (the pool's ``prefill_aware``, on by default): of the two, the one with fewer
+streamed requests still waiting for their first chunk (``BackendState.prefilling``) wins while
+its load is within ``PREFILL_BOUND`` x the other's, cost deciding otherwise. An engine steps
+all its sequences together, so a newcomer's first token waits for the step in progress and
+shares its own step with every prefill already scheduled there: on a busy engine each of them
+adds a whole prefill (a 256-token one is as long as a decode step) to the newcomer's TTFT,
+while one more decode costs it almost nothing.
 
 Affinity: rendezvous hashing of a conversation key gives every conversation a stable backend
 order; the first backend in that order whose load is within ``bounded_load`` x the pool mean
@@ -27,7 +34,18 @@ if TYPE_CHECKING:
 
     from gateway.routing.backend import BackendState
 
-__all__ = ["cost", "pick_affine", "pick_least_loaded", "pick_prefix", "pick_round_robin"]
+__all__ = [
+    "PREFILL_BOUND",
+    "cost",
+    "pick_affine",
+    "pick_least_loaded",
+    "pick_prefix",
+    "pick_round_robin",
+]
+
+#: a prefill-aware pick takes the backend with fewer requests awaiting their first chunk while
+#: its load is at most this x the other's (the default bound of affinity and prefix routing)
+PREFILL_BOUND = 1.25
 
 
 def _latency_penalty(b: BackendState, best_ttft: float, best_tpot: float) -> float:
@@ -39,9 +57,13 @@ def _latency_penalty(b: BackendState, best_ttft: float, best_tpot: float) -> flo
     return penalty
 
 
+def _load(b: BackendState) -> float:
+    return (b.in_flight + b.engine_waiting + 1) / b.config.weight
+
+
 def cost(b: BackendState, best_ttft: float = 0.0, best_tpot: float = 0.0) -> float:
     """Lower is better."""
-    load = (b.in_flight + b.engine_waiting + 1) / b.config.weight
+    load = _load(b)
     kv = 4.0 if b.engine_kv_usage >= 0.95 else 1.0
     return load * kv * _latency_penalty(b, best_ttft, best_tpot)
 
@@ -53,15 +75,22 @@ def _best(candidates: Sequence[BackendState]) -> tuple[float, float]:
 
 
 def pick_least_loaded(
-    candidates: Sequence[BackendState], rng: random.Random | None = None
+    candidates: Sequence[BackendState],
+    rng: random.Random | None = None,
+    prefill_aware: bool = False,
 ) -> BackendState | None:
-    """Power of two choices on :func:`cost`; None when there is no candidate."""
+    """Power of two choices on :func:`cost` (``prefill_aware``: fewer requests awaiting their
+    first chunk first, within :data:`PREFILL_BOUND`); None when there is no candidate."""
     if not candidates:
         return None
     if len(candidates) == 1:
         return candidates[0]
     r = rng or random
     a, b = r.sample(candidates, 2)
+    if prefill_aware and a.prefilling != b.prefilling:
+        fewer, more = (a, b) if a.prefilling < b.prefilling else (b, a)
+        if _load(fewer) <= PREFILL_BOUND * _load(more) and fewer.engine_kv_usage < 0.95:
+            return fewer
     best_ttft, best_tpot = _best(candidates)
     return a if cost(a, best_ttft, best_tpot) <= cost(b, best_ttft, best_tpot) else b
 
@@ -96,9 +125,11 @@ def pick_prefix(
     depth: Callable[[BackendState], int],
     bounded_load: float,
     rng: random.Random | None = None,
+    prefill_aware: bool = False,
 ) -> BackendState | None:
     """The candidate within the load bound holding the longest cached prefix (``depth``: its
-    length in chunks); least loaded when none holds any; None when there is no candidate."""
+    length in chunks); least loaded (``prefill_aware`` or not) when none holds any; None when
+    there is no candidate."""
     if not candidates:
         return None
     mean = sum(b.in_flight / b.config.weight for b in candidates) / len(candidates)
@@ -112,4 +143,4 @@ def pick_prefix(
         c = cost(b)
         if d > best_depth or c < best_cost:
             best, best_depth, best_cost = b, d, c
-    return best if best is not None else pick_least_loaded(candidates, rng)
+    return best if best is not None else pick_least_loaded(candidates, rng, prefill_aware)

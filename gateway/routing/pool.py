@@ -305,9 +305,10 @@ class PoolState:
                     lambda b: index.depth_of(depths, b),
                     self.prefix_routing.bounded_load,
                     self._rng,
+                    self.config.prefill_aware,
                 )
             else:
-                backend = pick_least_loaded(options, self._rng)
+                backend = pick_least_loaded(options, self._rng, self.config.prefill_aware)
         if backend is not None:
             backend.on_pick(now)
             backend.acquire()

@@ -161,6 +161,32 @@ async def _attempt(
     timeouts: Timeouts,
     retry_after_max: float,
 ) -> Forwarded:
+    """:func:`_exchange`, a streamed one counted in ``backend.prefilling`` until it returns
+    (just after its first chunk) or fails: the prefill-aware pick reads it. A request not
+    streamed is not counted: its first token is never seen apart from its end."""
+    if not ctx.stream:
+        return await _exchange(upstream, pool, backend, ctx, endpoint, body, headers, timeouts,
+                               retry_after_max)
+    backend.prefill_started()
+    try:
+        return await _exchange(upstream, pool, backend, ctx, endpoint, body, headers, timeouts,
+                               retry_after_max)
+    finally:
+        backend.prefill_ended()
+
+
+async def _exchange(
+    upstream: UpstreamClient,
+    pool: PoolState,
+    backend: BackendState,
+    ctx: RequestContext,
+    endpoint: str,
+    body: bytes,
+    headers: RawHeaders,
+    timeouts: Timeouts,
+    retry_after_max: float,
+) -> Forwarded:
+    """Send the request once; return the answer with its first chunk (streams) or its body."""
     health = pool.config.health
     send_headers = headers
     if backend.auth_header:

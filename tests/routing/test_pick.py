@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from gateway.config import Affinity, Backend, Pool
-from gateway.routing.pick import cost, pick_affine, pick_least_loaded
+from gateway.routing.pick import PREFILL_BOUND, cost, pick_affine, pick_least_loaded
 from gateway.routing.pool import PoolState
 
 
@@ -72,3 +72,52 @@ def test_labels_hide_urls() -> None:
     pool = _pool((1, 1))
     assert pool.backends[0].label == "p#0"
     assert "in flight: 0/1" in repr(pool.backends[0])
+
+
+def test_prefill_aware_takes_the_backend_with_no_prefill_pending() -> None:
+    """Equal load, one backend with a streamed request still awaiting its first chunk: the
+    prefill-aware pick always takes the other; the plain pick ties and goes either way."""
+    pool = _pool((1, 100), (1, 100))
+    busy, idle = pool.backends
+    busy.in_flight = idle.in_flight = 4
+    busy.prefilling = 1
+    assert all(pick_least_loaded(pool.backends, random.Random(i), prefill_aware=True) is idle
+               for i in range(50))
+    assert {pick_least_loaded(pool.backends, random.Random(i)) for i in range(50)} == {busy, idle}
+
+
+def test_prefill_aware_only_within_the_load_bound() -> None:
+    """Fewer prefills win only while their backend's load is at most PREFILL_BOUND x the
+    other's; beyond it the cost decides, and a nearly full KV cache is never preferred."""
+    pool = _pool((1, 100), (1, 100))
+    busy, idle = pool.backends
+    busy.prefilling = 1
+    busy.in_flight, idle.in_flight = 4, 5  # loads 5 and 6: within 1.25x
+    assert all(pick_least_loaded(pool.backends, random.Random(i), prefill_aware=True) is idle
+               for i in range(20))
+    idle.in_flight = 6  # 7 > 1.25 x 5
+    assert PREFILL_BOUND < 7 / 5
+    assert all(pick_least_loaded(pool.backends, random.Random(i), prefill_aware=True) is busy
+               for i in range(20))
+    idle.in_flight = 4
+    idle.engine_kv_usage = 0.97
+    assert all(pick_least_loaded(pool.backends, random.Random(i), prefill_aware=True) is busy
+               for i in range(20))
+
+
+def test_pool_picks_are_prefill_aware_by_default_also_on_the_headroom() -> None:
+    """Through the pool: a free slot and a ``fair_headroom`` slot both go to the backend
+    with no prefill pending; with ``prefill_aware: false`` either backend gets them."""
+    for aware in (True, False):
+        pool = _pool((1, 2), (1, 2), prefill_aware=aware)
+        busy, idle = pool.backends
+        busy.prefilling = 1
+        for spare in (False, True):
+            busy.in_flight = idle.in_flight = 2 if spare else 1
+            seen = set()
+            for _ in range(40):
+                picked = pool.try_pick(0.0, tenant="b", spare=spare)
+                assert picked is not None
+                seen.add(picked)
+                pool.release(picked, "b")
+            assert seen == ({idle} if aware else {busy, idle}), (aware, spare)
