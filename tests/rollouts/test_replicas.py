@@ -90,6 +90,9 @@ def test_three_replicas_agree_and_survive_the_deciders_death(
                     assert time.monotonic() < deadline, rollout(survivors[0].url)
                     time.sleep(0.1)
                 _the_leader(survivors, deadline)  # a survivor took the lease
+                while len(sampler.rounds) < 10:  # enough views to check, however slow the box
+                    assert time.monotonic() < deadline, len(sampler.rounds)
+                    time.sleep(0.1)
             final = [rollout(gw.url) for gw in survivors]
         finally:
             for gw in gws:
