@@ -281,8 +281,12 @@ class Journal:
     def _open(self, segment: _Segment) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{PREFIX}-{time.time_ns():020d}-{os.getpid()}.jsonl"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        # locked under a name adoption never reads, then renamed: a segment is never seen
+        # unlocked under its own name (an adopter would take a live one)
+        making = path.with_name("." + path.name + ".new")
+        fd = os.open(making, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(making, path)
         _fsync_dir(self.directory)  # the new name must survive a crash too
         segment.fd, segment.path = fd, path
 

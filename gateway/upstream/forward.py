@@ -164,15 +164,15 @@ async def _attempt(
     """:func:`_exchange`, a streamed one counted in ``backend.prefilling`` until it returns
     (just after its first chunk) or fails: the prefill-aware pick reads it. A request not
     streamed is not counted: its first token is never seen apart from its end."""
-    if not ctx.stream:
-        return await _exchange(upstream, pool, backend, ctx, endpoint, body, headers, timeouts,
-                               retry_after_max)
-    backend.prefill_started()
+    counted = ctx.stream
+    if counted:
+        backend.prefill_started()
     try:
         return await _exchange(upstream, pool, backend, ctx, endpoint, body, headers, timeouts,
                                retry_after_max)
     finally:
-        backend.prefill_ended()
+        if counted:
+            backend.prefill_ended()
 
 
 async def _exchange(
