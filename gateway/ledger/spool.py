@@ -143,8 +143,13 @@ class Spool:
 
     def _open(self) -> None:
         path = self.new_segment_path()
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        # locked under a name replay never reads, then renamed: a segment is never seen
+        # unlocked under its own name (a replayer would claim it empty and delete it, and
+        # the records appended afterwards would go to an unlinked file)
+        making = path.with_name("." + path.name + ".new")
+        fd = os.open(making, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(making, path)
         dir_fd = os.open(self.directory, os.O_RDONLY)
         try:  # the new name must survive a crash too
             os.fsync(dir_fd)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import pytest
 
 from gateway.ledger import Spool
+from gateway.ledger import spool as spool_module
 
 if TYPE_CHECKING:
     from tests.ledger.conftest import RecordFactory
@@ -40,6 +44,34 @@ def test_active_segment_cannot_be_claimed(tmp_path: Path, make_record: RecordFac
     assert list(Spool(tmp_path).claims()) == []  # claimed: a second replayer skips it
     claim.done()
     assert writer.segment_paths() == []
+
+
+def test_a_new_segment_is_never_claimed_before_its_lock(
+    tmp_path: Path, make_record: RecordFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replayer that runs between a segment's creation and its lock finds nothing to take.
+
+    The replay is run at the worst instant: inside the writer's blocking ``flock``, before
+    the lock is taken. Had it found the new (empty) segment, it would have deleted it, and
+    the record appended next would have gone to an unlinked file.
+    """
+    writer, replayer = Spool(tmp_path), Spool(tmp_path)
+    real_flock = fcntl.flock
+    taken: list[int] = []
+
+    def replay_first(fd: int, operation: int) -> Any:
+        if operation == fcntl.LOCK_EX:  # the writer's lock of a new segment
+            for claim in replayer.claims():
+                taken.append(len(claim.records))
+                claim.done()
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(spool_module.fcntl, "flock", replay_first)
+    writer.append_sync([make_record("t")])
+    monkeypatch.setattr(spool_module.fcntl, "flock", real_flock)
+    assert taken == []
+    writer.rotate()
+    assert len(replayer.read_all()) == 1
 
 
 def test_released_claim_keeps_the_segment(tmp_path: Path, make_record: RecordFactory) -> None:
