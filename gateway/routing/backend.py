@@ -42,6 +42,7 @@ class BackendState:
         "in_flight",
         "label",
         "not_before",
+        "prefill_since",
         "prefilling",
         "tpot_ewma",
         "ttft_ewma",
@@ -55,6 +56,9 @@ class BackendState:
         #: prefilling in the engine): a newcomer's first token waits for their prefill steps.
         #: Counted by the forwarder around one attempt
         self.prefilling = 0
+        #: the sum of their start times (monotonic): with as many pending, the backend whose
+        #: sum is smaller has the older ones, nearer their first chunk
+        self.prefill_since = 0.0
         self.ttft_ewma = 0.0  # seconds; 0 = no observation yet
         self.tpot_ewma = 0.0
         self.engine_waiting = 0.0  # from scraped engine metrics
@@ -95,13 +99,16 @@ class BackendState:
     def release(self) -> None:
         self.in_flight -= 1
 
-    def prefill_started(self) -> None:
-        """A streamed request was sent here and awaits its first chunk."""
+    def prefill_started(self, now: float) -> None:
+        """A streamed request was sent here at ``now`` and awaits its first chunk."""
         self.prefilling += 1
+        self.prefill_since += now
 
-    def prefill_ended(self) -> None:
-        """Its first chunk came back, or the attempt ended without one."""
+    def prefill_ended(self, started: float) -> None:
+        """Its first chunk came back, or the attempt ended without one (it started at
+        ``started``)."""
         self.prefilling -= 1
+        self.prefill_since = self.prefill_since - started if self.prefilling else 0.0
 
     # --- health
     def available(self, now: float) -> bool:

@@ -6,8 +6,10 @@ observed TTFT and decode time relative to the pool's best, times a KV-pressure p
 engine reports its cache nearly full. Comparing two random candidates rather than taking the
 global minimum keeps many gateway processes from piling onto one momentarily idle backend.
 Prefill-aware (the pool's ``prefill_aware``, on by default): of the two, the one with fewer
-streamed requests still waiting for their first chunk (``BackendState.prefilling``) wins while
-its load is within ``PREFILL_BOUND`` x the other's, cost deciding otherwise. An engine steps
+streamed requests still waiting for their first chunk (``BackendState.prefilling``), or with as
+many, the one whose pending requests were sent earlier on average (nearer their first chunk:
+in the step in progress rather than in the next), wins while its load is within
+``PREFILL_BOUND`` x the other's, cost deciding otherwise. An engine steps
 all its sequences together, so a newcomer's first token waits for the step in progress and
 shares its own step with every prefill already scheduled there: on a busy engine each of them
 adds a whole prefill (a 256-token one is as long as a decode step) to the newcomer's TTFT,
@@ -87,8 +89,11 @@ def pick_least_loaded(
         return candidates[0]
     r = rng or random
     a, b = r.sample(candidates, 2)
-    if prefill_aware and a.prefilling != b.prefilling:
-        fewer, more = (a, b) if a.prefilling < b.prefilling else (b, a)
+    if prefill_aware and (a.prefilling or b.prefilling):
+        if a.prefilling != b.prefilling:
+            fewer, more = (a, b) if a.prefilling < b.prefilling else (b, a)
+        else:  # as many pending: the older ones are nearer their first chunk
+            fewer, more = (a, b) if a.prefill_since <= b.prefill_since else (b, a)
         if _load(fewer) <= PREFILL_BOUND * _load(more) and fewer.engine_kv_usage < 0.95:
             return fewer
     best_ttft, best_tpot = _best(candidates)

@@ -165,14 +165,15 @@ async def _attempt(
     (just after its first chunk) or fails: the prefill-aware pick reads it. A request not
     streamed is not counted: its first token is never seen apart from its end."""
     counted = ctx.stream
+    started = time.monotonic()
     if counted:
-        backend.prefill_started()
+        backend.prefill_started(started)
     try:
         return await _exchange(upstream, pool, backend, ctx, endpoint, body, headers, timeouts,
                                retry_after_max)
     finally:
         if counted:
-            backend.prefill_ended()
+            backend.prefill_ended(started)
 
 
 async def _exchange(

@@ -86,6 +86,31 @@ def test_prefill_aware_takes_the_backend_with_no_prefill_pending() -> None:
     assert {pick_least_loaded(pool.backends, random.Random(i)) for i in range(50)} == {busy, idle}
 
 
+def test_prefill_aware_tie_goes_to_the_older_pending_prefills() -> None:
+    """As many prefills pending on both (equal load): the backend whose pending requests were
+    sent earlier wins (they are nearer their first chunk), through the counters the forwarder
+    keeps; once they end, neither is preferred."""
+    pool = _pool((1, 100), (1, 100))
+    old, new = pool.backends
+    old.in_flight = new.in_flight = 4
+    old.prefill_started(100.0)
+    old.prefill_started(100.2)
+    new.prefill_started(100.1)
+    new.prefill_started(100.3)
+    assert (old.prefilling, new.prefilling) == (2, 2)
+    assert all(pick_least_loaded(pool.backends, random.Random(i), prefill_aware=True) is old
+               for i in range(50))
+    old.prefill_ended(100.0)
+    new.prefill_ended(100.3)  # 100.2 against 100.1: the other is older now
+    assert all(pick_least_loaded(pool.backends, random.Random(i), prefill_aware=True) is new
+               for i in range(50))
+    old.prefill_ended(100.2)
+    new.prefill_ended(100.1)
+    assert (old.prefilling, new.prefilling, old.prefill_since, new.prefill_since) == (0, 0, 0, 0)
+    assert {pick_least_loaded(pool.backends, random.Random(i), prefill_aware=True)
+            for i in range(50)} == {old, new}
+
+
 def test_prefill_aware_only_within_the_load_bound() -> None:
     """Fewer prefills win only while their backend's load is at most PREFILL_BOUND x the
     other's; beyond it the cost decides, and a nearly full KV cache is never preferred."""
