@@ -12,7 +12,8 @@ gateway's), one run measures the pool's capacity (a closed loop of tenant A alon
   weights: half the capacity), fair queuing on (``fair: true``, the default) with
   ``fair_headroom: --headroom`` (1, the default: a slot above each full backend's
   ``max_in_flight`` for a tenant below its share of the pool's slots) and ``prefill_aware``
-  (the default: of two backends, the one with fewer requests awaiting their first token);
+  (the default: of two backends, the one with fewer requests awaiting their first token, with
+  as many the one whose pending requests were sent earlier);
 - ``fair-no-prefill-aware``: the same with ``prefill_aware: false`` on the pool (backends
   picked by load and latency alone, not also by the prefills pending on them);
 - ``fair-no-headroom``: the same with ``fair_headroom: 0`` (fair queuing alone: B's request,
