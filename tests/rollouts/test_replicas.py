@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.sim.server import SimServer
@@ -51,7 +52,13 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            views = [rollout(gw.url) for gw in self.gateways if gw.url not in self.dead]
+            live = [gw for gw in self.gateways if gw.url not in self.dead]
+            try:
+                views = [rollout(gw.url) for gw in live]
+            except httpx.HTTPError:
+                if any(gw.url in self.dead for gw in live):
+                    continue  # the round met the replica killed meanwhile: take the next
+                raise
             self.rounds.append(views)
             time.sleep(0.1)
 
