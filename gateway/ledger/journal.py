@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.ledger.record import encode_lines
+from gateway.ledger.spool import create_locked, fsync_dir
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -281,14 +282,7 @@ class Journal:
     def _open(self, segment: _Segment) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{PREFIX}-{time.time_ns():020d}-{os.getpid()}.jsonl"
-        # locked under a name adoption never reads, then renamed: a segment is never seen
-        # unlocked under its own name (an adopter would take a live one)
-        making = path.with_name("." + path.name + ".new")
-        fd = os.open(making, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.rename(making, path)
-        _fsync_dir(self.directory)  # the new name must survive a crash too
-        segment.fd, segment.path = fd, path
+        segment.fd, segment.path = create_locked(path), path  # never adoptable while live
 
 
 def _delete(path: Path | None, fd: int) -> None:
@@ -299,14 +293,6 @@ def _delete(path: Path | None, fd: int) -> None:
                 path.unlink()
     finally:
         os.close(fd)
-
-
-def _fsync_dir(directory: Path) -> None:
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def adopt_orphans(spool: Spool) -> int:
@@ -324,7 +310,7 @@ def adopt_orphans(spool: Spool) -> int:
             if os.fstat(fd).st_ino != os.stat(path).st_ino:
                 continue  # adopted and renamed by another process meanwhile
             os.rename(path, spool.new_segment_path(suffix="adopted"))
-            _fsync_dir(spool.directory)
+            fsync_dir(spool.directory)
             adopted += 1
         except (BlockingIOError, FileNotFoundError):
             continue  # a live process's segment, or gone

@@ -38,6 +38,30 @@ __all__ = ["DEFAULT_SEGMENT_BYTES", "Claim", "Spool"]
 DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
 
 
+def fsync_dir(directory: Path) -> None:
+    """Make the names in ``directory`` (a file created or renamed there) survive a crash."""
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def create_locked(path: Path) -> int:
+    """Create ``path`` for appending, under an exclusive ``flock``; returns its fd.
+
+    The file is created and locked under a hidden name that no replay or adoption reads, then
+    renamed: a segment is never seen unlocked under its own name (a replayer would claim it
+    empty and delete it, and the records appended afterwards would go to an unlinked file).
+    """
+    making = path.with_name("." + path.name + ".new")
+    fd = os.open(making, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(making, path)
+    fsync_dir(path.parent)  # the new name must survive a crash too
+    return fd
+
+
 class Claim:
     """A segment locked by this process for replay; ``done`` deletes it, ``release`` keeps it."""
 
@@ -143,19 +167,7 @@ class Spool:
 
     def _open(self) -> None:
         path = self.new_segment_path()
-        # locked under a name replay never reads, then renamed: a segment is never seen
-        # unlocked under its own name (a replayer would claim it empty and delete it, and
-        # the records appended afterwards would go to an unlinked file)
-        making = path.with_name("." + path.name + ".new")
-        fd = os.open(making, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.rename(making, path)
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:  # the new name must survive a crash too
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-        self._fd, self._path, self._size = fd, path, 0
+        self._fd, self._path, self._size = create_locked(path), path, 0
 
     def _seal(self) -> None:
         if self._fd >= 0:

@@ -165,7 +165,7 @@ async def _attempt(
     (just after its first chunk) or fails: the prefill-aware pick reads it. A request not
     streamed is not counted: its first token is never seen apart from its end."""
     counted = ctx.stream
-    started = time.monotonic()
+    started = time.monotonic() if counted else 0.0
     if counted:
         backend.prefill_started(started)
     try:
