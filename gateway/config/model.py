@@ -213,8 +213,10 @@ class Pool(_Base, frozen=True):
     #: with ``fair``: slots above each backend's ``max_in_flight`` that only a tenant holding
     #: less than its weighted share of the pool's slots may take, so a light tenant beside a
     #: flood does not wait for the flood's next completion (the flood never gets them); keep
-    #: ``max_in_flight`` + this within the engine's running batch. 0: none
-    fair_headroom: Annotated[int, msgspec.Meta(ge=0, le=64)] = 1
+    #: ``max_in_flight`` + this within the engine's running batch. 0: none. A slot taken is
+    #: free again at the backend's next completion, so 2 per backend lets a light tenant
+    #: start several requests inside one completion gap
+    fair_headroom: Annotated[int, msgspec.Meta(ge=0, le=64)] = 2
     #: ``least_loaded`` (and ``prefix`` when no backend holds the prompt's prefix): of the two
     #: backends compared, the one with fewer streamed requests awaiting their first chunk wins
     #: while its load is within 1.25x the other's, since every prefill an engine has scheduled

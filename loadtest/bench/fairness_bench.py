@@ -10,7 +10,7 @@ gateway's), one run measures the pool's capacity (a closed loop of tenant A alon
 - ``b-alone``: tenant B alone at its normal rate (``--b-share`` of the capacity, open loop);
 - ``fair``: B at the same rate beside tenant A sending ``--a-factor`` x its fair share (equal
   weights: half the capacity), fair queuing on (``fair: true``, the default) with
-  ``fair_headroom: --headroom`` (1, the default: a slot above each full backend's
+  ``fair_headroom: --headroom`` (2, the default: slots above each full backend's
   ``max_in_flight`` for a tenant below its share of the pool's slots) and ``prefill_aware``
   (the default: of two backends, the one with fewer requests awaiting their first token, with
   as many the one whose pending requests were sent earlier);
@@ -19,7 +19,9 @@ gateway's), one run measures the pool's capacity (a closed loop of tenant A alon
 - ``fair-no-headroom``: the same with ``fair_headroom: 0`` (fair queuing alone: B's request,
   first in the queue, waits for the flood's next completion);
 - ``fifo``: the same load with ``fair: false`` on the pool (one queue by deadline and
-  arrival, the order before fair queuing).
+  arrival, the order before fair queuing);
+- ``fair@H`` (any whole H, e.g. ``fair@2``): ``fair`` with ``fair_headroom: H``, so one run
+  compares headroom sizes against the same ``b-alone``.
 
 Every scenario starts a fresh gateway process (which loads its tokenizer at start-up, not on
 the first request). B's requests come from a client process of their own, started at the
@@ -357,9 +359,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="A's rate as a multiple of its fair share, half the capacity (5)")
     p.add_argument("--deadline", type=float, default=5.0,
                    help="the interactive class's start_deadline, s (5, the default class)")
-    p.add_argument("--headroom", type=int, default=1,
-                   help="the fair scenario's fair_headroom (1, the default); fair-no-headroom "
-                   "runs with 0")
+    p.add_argument("--headroom", type=int, default=2,
+                   help="the fair scenario's fair_headroom (2, the gateway's default); "
+                   "fair-no-headroom runs with 0, fair@H with H")
     p.add_argument("--scenarios", default=",".join(SCENARIOS),
                    help="comma-separated scenarios to run, in the order given; b-alone and fair "
                    f"are always among them (default: {','.join(SCENARIOS)})")
@@ -371,9 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "loadtest/results/fairness.json")
     args = p.parse_args(argv)
     chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    unknown = sorted(set(chosen) - set(SCENARIOS))
+    unknown = sorted(s for s in set(chosen) - set(SCENARIOS) if _headroom_of(s) is None)
     if unknown:
-        p.error(f"unknown scenarios: {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+        p.error(f"unknown scenarios: {', '.join(unknown)}; known: {', '.join(SCENARIOS)}, fair@H")
     for needed in ("b-alone", "fair"):
         if needed not in chosen:
             chosen.insert(0 if needed == "b-alone" else 1, needed)
@@ -413,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
                  "fair-no-headroom": (True, 0, True, both),
                  "fifo": (False, 0, True, both)}
         for name in chosen:
-            fair, headroom, aware, plan = every[name]
+            h = _headroom_of(name)
+            fair, headroom, aware, plan = every[name] if h is None else (True, h, True, both)
             time.sleep(2)  # the engines drain between scenarios
             data = policy(urls, args.slots, fair, args.deadline, headroom, aware)
             with Gateway(tmp, name, data, env) as gw:
@@ -444,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
         "args": {k: str(v) for k, v in vars(args).items()}}, indent=2))
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (1 min)")
     return 0
+
+
+def _headroom_of(name: str) -> int | None:
+    """H of a ``fair@H`` scenario name; None for any other name."""
+    head, _, h = name.partition("@")
+    return int(h) if head == "fair" and h.isdigit() else None
 
 
 def summarise(rows: list[dict[str, Any]], capacity: float, args: argparse.Namespace) -> str:

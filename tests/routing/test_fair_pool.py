@@ -185,7 +185,7 @@ async def test_start_deadline_judged_on_fair_position() -> None:
     ~0.2 s), while A's own is refused at once (~2.1 s); without fair queuing B's is refused
     too."""
     for fair in (True, False):
-        pool = _pool(fair=fair)
+        pool = _pool(fair=fair, fair_headroom=1)  # one of A's takes it: the pool is full
         b = await pool.acquire(0, time.monotonic() + 5)
         for _ in range(10):
             await asyncio.sleep(0.1)
@@ -239,7 +239,7 @@ async def test_tenant_below_share_takes_headroom_flood_does_not() -> None:
     after the last is served, are served at once on a full backend's headroom, one per
     backend (``fair_headroom: 1``); B's third waits, and takes the headroom one of B's
     frees though A's waiters are before it in fair order (B was charged for its two)."""
-    pool = _pool(n=2, max_in_flight=2)
+    pool = _pool(n=2, max_in_flight=2, fair_headroom=1)
     held, flood = await _flood(pool, 6)
     assert pool.in_flight == 4 and pool.queued == 6
     assert not any(task.done() for task in flood)
@@ -304,6 +304,28 @@ async def test_headroom_freed_on_release() -> None:
         await asyncio.sleep(0)
         assert b.in_flight == 2 and pool.queued == 4 and pool.headroom_in_use == 0
     assert not any(task.done() for task in flood)
+    await _cancel(flood)
+
+
+@pytest.mark.parametrize(("kw", "at_once"), [
+    pytest.param({}, 2, id="default"),
+    pytest.param({"fair_headroom": 1}, 1, id="headroom-1"),
+])
+async def test_default_headroom_starts_two_light_requests_in_one_completion_gap(
+        kw: dict[str, object], at_once: int) -> None:
+    """One backend of 4 slots, all A's, more of A's waiting: B sends two requests before any
+    request ends. The default headroom (2) starts both at once; with 1, B's second waits for
+    the flood's next completion, which is the wait the default is sized to avoid."""
+    pool = _pool(n=1, max_in_flight=4, **kw)
+    held, flood = await _flood(pool, 4)
+    asks = [asyncio.create_task(pool.acquire(0, time.monotonic() + 30, tenant="b"))
+            for _ in range(2)]
+    await asyncio.sleep(0.01)
+    assert sum(ask.done() for ask in asks) == at_once
+    assert pool.in_flight == 4 + at_once and not any(task.done() for task in flood)
+    pool.release(held[0], "a")  # the flood's next completion: B's waiting one starts
+    await asyncio.sleep(0.01)
+    assert all(ask.done() for ask in asks) and not any(task.done() for task in flood)
     await _cancel(flood)
 
 
