@@ -270,8 +270,9 @@ async def test_headroom_only_below_the_weighted_share() -> None:
     """4 backends of one slot, all A's: B (weight 1) may take headroom while it holds fewer
     than its share, 4 x 1/2 = 2 slots, so its third request waits though two headroom slots
     are left; C, of weight 3 beside A, may hold up to 3 (4 x 3/4; B's share shrinks when C
-    holds slots, which the test does not need)."""
-    pool = _pool(n=4, max_in_flight=1)
+    holds slots, which the test does not need). One headroom slot per backend, so C's three
+    are on three backends."""
+    pool = _pool(n=4, max_in_flight=1, fair_headroom=1)
     _, flood = await _flood(pool, 3)
     b = [await asyncio.wait_for(pool.acquire(0, time.monotonic() + 30, tenant="b"), 0.5)
          for _ in range(2)]
