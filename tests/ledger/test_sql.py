@@ -336,6 +336,28 @@ async def test_migrate_is_idempotent_and_concurrent(make_sql: Callable[..., Any]
     assert await ledgers[0].migrate() == []
 
 
+async def test_sqlite_opens_beside_another_writer(tmp_path: Path) -> None:
+    """A new file held by another connection's write transaction (a second worker migrating
+    it) is opened once that commits: SQLite refuses the switch to WAL at once then, without
+    its busy handler, so the ledger waits for it itself."""
+    path = tmp_path / "ledger.db"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE held (x)")
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO held VALUES (1)")
+    ledger = SqliteLedger(path, spool_dir=tmp_path / "spool", busy_timeout=30.0)
+    try:
+        opening = asyncio.ensure_future(ledger.migrate())
+        await asyncio.sleep(0.2)
+        assert not opening.done()  # still waiting for the other writer, not failed
+        other.execute("COMMIT")
+        async with asyncio.timeout(30):
+            assert await opening == [m.version for m in MIGRATIONS]
+    finally:
+        other.close()
+        await ledger.close()
+
+
 def test_migrations_are_numbered_in_order() -> None:
     assert [m.version for m in MIGRATIONS] == list(range(1, len(MIGRATIONS) + 1))
     assert all(isinstance(m, Migration) and m.postgresql and m.sqlite for m in MIGRATIONS)

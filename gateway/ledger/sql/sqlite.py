@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -96,7 +97,7 @@ class SqliteLedger(SqlLedger):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                timeout=self._busy_ms / 1000)
-        conn.execute("PRAGMA journal_mode=WAL")
+        _set_wal(conn, self._busy_ms / 1000)
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
         return conn
@@ -169,6 +170,24 @@ class SqliteLedger(SqlLedger):
 
     async def _fetch_all(self, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
         return await self._on(self._reader, lambda: _read_snapshot(self._r(), statements))
+
+
+def _set_wal(conn: sqlite3.Connection, patience: float) -> None:
+    """Switch the file to WAL, waiting up to ``patience`` seconds for another connection's
+    write transaction. SQLite answers a journal-mode change met by another writer's lock with
+    ``database is locked`` at once, without its busy handler, so processes starting together
+    on a new file (``--workers N`` with the embedded ledger) would fail; retried here."""
+    deadline = time.monotonic() + patience
+    pause = 0.001
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)  # on the ledger's own thread, never the event loop
+        pause = min(pause * 2, 0.05)
 
 
 def _read_snapshot(conn: sqlite3.Connection, statements: Sequence[Statement]
