@@ -5,14 +5,16 @@ Four small loops share the work of every active batch:
 - **refresh** (every ``poll_interval``, or at once when poked): reads the active batches and
   moves each along: validating -> in_progress; all lines recorded -> finalize; cancelling ->
   stop starting lines, finalize once no lease is held; past ``expires_at`` -> expired.
-- **dispatch**: claims chunks of lines (leases) and starts lines while the pacing rule of
+- **dispatch** (when woken, and every ``DISPATCH_TICK`` while a batch is open on this
+  process): claims chunks of lines (leases) and starts lines while the pacing rule of
   :mod:`gateway.batch.control` allows. A line runs through the same pipeline as a live
   request (``execute``: auth is the batch's key, class ``batch``, quotas, routing, retries,
   accounting, one usage record tagged with the batch id, request id ``<batch>_<index>``).
-- **checkpoint** (every 50 ms): makes the usage records of finished lines durable
-  (``ledger.flush``), *then* records the lines' results (first result per line wins) and
-  releases chunks whose lines are all recorded. A process killed at any point re-runs at most
-  the lines it had not recorded; their usage records dedupe on the request id.
+- **checkpoint** (every 50 ms while a batch is open on this process): makes the usage
+  records of finished lines durable (``ledger.flush``), *then* records the lines' results
+  (first result per line wins) and releases chunks whose lines are all recorded. A process
+  killed at any point re-runs at most the lines it had not recorded; their usage records
+  dedupe on the request id.
 - **renew**: extends this process's leases; a lease lost to another process drops its lines.
 
 Every loop ends when cancelled, even when the cancel was swallowed below it (redis-py's sends
@@ -141,6 +143,7 @@ class BatchRunner:
         self._mine: Counter[str] = Counter()  # this process's batch lines in flight, by pool
         self._wake = asyncio.Event()  # dispatch
         self._poke = asyncio.Event()  # refresh
+        self._opened = asyncio.Event()  # checkpoint: a batch's work opened on this process
         self._lines: set[asyncio.Task[None]] = set()
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._left: set[asyncio.Task[None]] = set()  # still running after stop(): kept referenced
@@ -308,6 +311,7 @@ class BatchRunner:
         lines = [line for _, line in iter_lines(data)]
         work = _Work(record, lines, identity, cap=float(self.settings.max_in_flight))
         self._works[record.id] = work
+        self._opened.set()
         return work
 
     async def _stop_work(self, work: _Work | None) -> None:
@@ -386,7 +390,8 @@ class BatchRunner:
                 _log.exception("batch runner: dispatch failed")
                 _check_cancelled()
                 await asyncio.sleep(self.settings.poll_interval)
-            await _wait_event(self._wake, DISPATCH_TICK)
+            # with no batch on this process nothing needs the tick: sleep until one opens
+            await _wait_event(self._wake, DISPATCH_TICK if self._works else None)
 
     async def _dispatch(self) -> None:
         if self.gateway.draining or self._stopping:
@@ -480,6 +485,9 @@ class BatchRunner:
     async def _checkpoint_loop(self) -> None:
         while True:
             _check_cancelled()
+            if not self._works:  # nothing to save or release until a batch opens here
+                self._opened.clear()
+                await _wait_event(self._opened, None)
             await asyncio.sleep(CHECKPOINT_INTERVAL)
             try:
                 await self._checkpoint()
@@ -569,9 +577,10 @@ def _check_cancelled() -> None:
         raise asyncio.CancelledError
 
 
-async def _wait_event(event: asyncio.Event, seconds: float) -> None:
-    """Wait until ``event`` is set, at most ``seconds``; a cancel already sent (and
-    swallowed below) ends the wait at once instead of being taken for this timeout's own."""
+async def _wait_event(event: asyncio.Event, seconds: float | None) -> None:
+    """Wait until ``event`` is set, at most ``seconds`` (None: no bound); a cancel already
+    sent (and swallowed below) ends the wait at once instead of being taken for this
+    timeout's own."""
     _check_cancelled()
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(seconds):

@@ -184,10 +184,11 @@ class Ledger(abc.ABC):
         if n >= self.settings.max_buffer:
             self._overflow()
             buffer, n = self._buffer, 0
-        if not n:
-            self._oldest_ns = time.monotonic_ns()
         buffer.append(record)
-        if n + 1 >= self.settings.batch_size:
+        if not n:  # the flusher's interval starts now (it waits untimed on an empty buffer)
+            self._oldest_ns = time.monotonic_ns()
+            self._wake.set()
+        elif n + 1 >= self.settings.batch_size:
             self._wake.set()
         return n
 
@@ -274,13 +275,17 @@ class Ledger(abc.ABC):
             self._launch(self._flush_quietly(batch), len(batch.records), slot=True)
 
     async def _until_due(self, interval: float) -> None:
-        """Return once a flush is due, or ``interval`` has passed (a wake that finds nothing
-        due, such as a flush finishing, waits on for the rest of it)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + interval
+        """Return once a flush is due, or ``interval`` after the oldest buffered record was
+        written (a wake that finds nothing due, such as a flush finishing, waits on for the
+        rest of it). With nothing buffered there is no timer: an idle gateway's flusher
+        sleeps until the first record wakes it."""
         while not self._due():
             self._wake.clear()
-            left = deadline - loop.time()
+            if not self._buffer:
+                await self._wake.wait()
+                continue
+            age = (time.monotonic_ns() - self._oldest_ns) / 1e9
+            left = interval - age
             if left <= 0:
                 return
             with contextlib.suppress(TimeoutError):
@@ -326,6 +331,7 @@ class Ledger(abc.ABC):
         self._waiters[:0] = batch.waiters
         self._waiters[len(batch.waiters):] = [(i + n, w) for i, w in
                                               self._waiters[len(batch.waiters):]]
+        self._wake.set()  # the flusher may be asleep on an empty buffer: a retry is due
 
     def _launch(self, coro: Coroutine[Any, Any, None], records: int, *, slot: bool) -> None:
         task = asyncio.create_task(coro, name="ledger-flush")

@@ -87,3 +87,30 @@ async def test_failed_recording_keeps_every_result(tmp_path: Path) -> None:
         await r._checkpoint()
     assert (len(a.results), len(b.results)) == (10, 7)  # the next checkpoint tries again
     assert a.saving == b.saving == 0 and not a.idle
+
+
+async def test_idle_runner_sets_no_timers(tmp_path: Path) -> None:
+    """With no batch open on this process, dispatch and checkpoint sleep until one opens
+    (an idle gateway does not wake every 50 ms for them); stop() still ends every loop."""
+    from gateway.config.model import Batch
+
+    state = GatedState(tmp_path)
+    gateway: Any = SimpleNamespace(
+        ledger=SimpleNamespace(flush=noop), draining=False,
+        runtime=SimpleNamespace(policy=SimpleNamespace(batch=Batch(poll_interval=60.0))))
+    r = BatchRunner(gateway, SimpleNamespace(state=state), execute=None)  # type: ignore[arg-type]
+    calls = {"dispatch": 0, "checkpoint": 0}
+
+    def counted(name: str, step: Any) -> Any:
+        async def run() -> None:
+            calls[name] += 1
+            await step()
+        return run
+
+    r._dispatch = counted("dispatch", r._dispatch)  # type: ignore[method-assign]
+    r._checkpoint = counted("checkpoint", r._checkpoint)  # type: ignore[method-assign]
+    r.start()
+    await asyncio.sleep(0.3)  # six ticks of 50 ms
+    assert calls == {"dispatch": 1, "checkpoint": 0}  # dispatch's first look, then asleep
+    await asyncio.wait_for(r.stop(timeout=5), 10)
+    assert all(t.done() for t in r._loops.values())
