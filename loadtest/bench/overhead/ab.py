@@ -149,6 +149,29 @@ def _cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def _kernel_counts(pid: int) -> dict[str, int]:
+    """The gateway's processes' read/write system calls (``/proc/PID/io``: ``syscr`` +
+    ``syscw``; epoll waits are not among them) and context switches, voluntary (it blocked)
+    and not (it was preempted): what per-request CPU alone does not say, such as whether two
+    workers on one core batch less or hand the core over more often than one."""
+    out = {"syscalls": 0, "voluntary": 0, "involuntary": 0}  # io: the whole process
+    for member in _tree(pid):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{member}/io").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key in ("syscr", "syscw"):
+                    out["syscalls"] += int(value)
+        for task in Path(f"/proc/{member}/task").glob("*/status"):  # per thread
+            with contextlib.suppress(OSError):
+                for line in task.read_text().splitlines():
+                    key, _, value = line.partition(":")
+                    if key == "voluntary_ctxt_switches":
+                        out["voluntary"] += int(value)
+                    elif key == "nonvoluntary_ctxt_switches":
+                        out["involuntary"] += int(value)
+    return out
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench.overhead.ab",
                                 description=__doc__.split("\n\n")[0])
@@ -235,16 +258,18 @@ def _start(args: argparse.Namespace, procs: ProcessSet, workdir: Path, env: dict
 def _window(args: argparse.Namespace, tools: dict[str, str], gw: Any, port: int, api: str,
             script: Path, duration: int, connections: int | None = None) -> dict[str, Any]:
     url = f"http://{HOST}:{port}{payloads.API_PATHS[api]}"
-    before = _cpu_seconds(gw.proc.pid)
+    before, counts = _cpu_seconds(gw.proc.pid), _kernel_counts(gw.proc.pid)
     result = wrk.run(tools["wrk"], url, script, connections=connections or args.connections,
                      duration_s=duration, cpus=args.client_cpu or None)
     cpu = _cpu_seconds(gw.proc.pid) - before
+    kernel = {k: v - counts[k] for k, v in _kernel_counts(gw.proc.pid).items()}
     if result.error_count:  # an error answer is cheap: it would pass for a fast request
         raise RuntimeError(f"{gw.name}: {result.error_count} failed requests in a window "
                            f"({result.errors}); see {gw.log}")
     requests = max(1, result.requests)
     return {"rps": result.rps, "requests": requests, "p50_ms": result.p50_ms,
-            "errors": result.errors, "cpu_s": cpu, "cpu_us_per_request": cpu / requests * 1e6}
+            "errors": result.errors, "cpu_s": cpu, "cpu_us_per_request": cpu / requests * 1e6,
+            **kernel}
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -358,7 +383,9 @@ def summarize(names: list[str], sides: dict[str, dict[str, str]], apis: dict[str
 
     def side(n: str) -> dict[str, Any]:
         out = {"name": n, "api": apis[n], "env": sides[n], "runs": runs[n], "rps": rps[n],
-               "cpu_us_per_request": cpu[n]}
+               "cpu_us_per_request": cpu[n],
+               "per_request": {k: sum(r.get(k, 0) for r in runs[n]) / total[n]
+                               for k in ("syscalls", "voluntary", "involuntary")}}
         if stream:
             out["cpu_us_per_chunk"] = cpu[n] / payloads.STREAM_CHUNKS
         return out
@@ -404,6 +431,12 @@ def report(summary: dict[str, Any]) -> str:
         lines.append("")
         lines.append("idle (while the other side was loaded): " + ", ".join(
             f"{s['name']} {s['idle_cpu_per_s'] * 1000:.1f} ms CPU/s" for s in (a, b)))
+    lines.append("")
+    lines.append("per request (all windows): " + "; ".join(
+        f"{s['name']} {s['per_request']['syscalls']:.2f} read/write syscalls, "
+        f"{s['per_request']['voluntary']:.3f} voluntary + "
+        f"{s['per_request']['involuntary']:.3f} involuntary context switches"
+        for s in (a, b) if "per_request" in s))
     pr = summary["pair_ratios"]
     q = quartiles(pr)
     c1, c2, c3 = summary["cpu_pair_quartiles"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench.overhead.ab import _cpu_seconds, _env, _tree, parse_args
+from loadtest.bench.overhead.ab import _cpu_seconds, _env, _kernel_counts, _tree, parse_args
 
 
 def test_env_specs_parse_and_reject_garbage() -> None:
@@ -26,6 +26,22 @@ def test_cpu_seconds_grow_with_work() -> None:
     while time.process_time() < deadline:
         pass
     assert _cpu_seconds(os.getpid()) - before >= 0.1
+
+
+def test_kernel_counts_grow_with_system_calls_and_sleeps() -> None:
+    before = _kernel_counts(os.getpid())
+    fd = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for _ in range(200):
+            os.write(fd, b"x")
+    finally:
+        os.close(fd)
+    for _ in range(20):
+        time.sleep(0.001)  # each sleep blocks: a voluntary switch
+    after = _kernel_counts(os.getpid())
+    assert after["syscalls"] - before["syscalls"] >= 200
+    assert after["voluntary"] - before["voluntary"] >= 20
+    assert after["involuntary"] >= before["involuntary"]
 
 
 def test_cpu_seconds_count_the_workers_a_process_forked() -> None:
