@@ -97,9 +97,13 @@ class SqliteLedger(SqlLedger):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                timeout=self._busy_ms / 1000)
-        _set_wal(conn, self._busy_ms / 1000)
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+        try:
+            _set_wal(conn, self._busy_ms / 1000)
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+        except BaseException:
+            conn.close()  # the next call opens afresh; none is left to the collector
+            raise
         return conn
 
     def _w(self) -> sqlite3.Connection:
