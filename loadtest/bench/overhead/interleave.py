@@ -63,17 +63,18 @@ def _run_units(fns: list[Callable[[], object]], k: int) -> None:
             fn()
 
 
-def _worker(cpu: int, k: int, rounds: int, recv: Connection, send: Connection,
-            report: Connection) -> None:
-    """The second work process (``pair``): ``rounds`` turns of ``k`` units, each after the
-    byte arrives, passing it back after each; reports (ns on CPU, units)."""
+def _worker(cpu: int, k: int, rounds: int, first: Connection, recv: Connection,
+            send: Connection, report: Connection) -> None:
+    """A work process: ``rounds`` turns of ``k`` units, the first once ``first`` delivers a
+    byte (the parent's start signal, or the other side's hand-over), the rest each after the
+    byte comes back on ``recv``, passing it on after each; reports (ns on CPU, units)."""
     os.sched_setaffinity(0, {cpu})
     fns = _units()
     _run_units(fns, 20)  # warm: imports, caches, the tokenizer's first calls
-    began = _on_cpu_ns()
+    began = _on_cpu_ns()  # waiting for a byte costs no CPU
     report.send_bytes(b"ready")
-    for _ in range(rounds):
-        recv.recv_bytes()
+    for turn in range(rounds):
+        (recv if turn else first).recv_bytes()
         _run_units(fns, k)
         send.send_bytes(b".")
     report.send((_on_cpu_ns() - began, rounds * k))
@@ -97,14 +98,14 @@ def _once(ctx: Any, mode: str, cpu: int, k: int, rounds: int) -> float:
     procs = []
     rep_r, rep_w = ctx.Pipe(duplex=False)
     reports.append(rep_r)
-    # A: the first work process; its first turn waits for the parent's start signal
-    procs.append(ctx.Process(target=_worker_a, args=(cpu, k, rounds, start_r, b_to_a_r,
-                                                     a_to_b_w, rep_w)))
+    # the first work process; its first turn waits for the parent's start signal
+    procs.append(ctx.Process(target=_worker, args=(cpu, k, rounds, start_r, b_to_a_r,
+                                                   a_to_b_w, rep_w)))
     rep2_r, rep2_w = ctx.Pipe(duplex=False)
     if mode == "pair":
         reports.append(rep2_r)
-        procs.append(ctx.Process(target=_worker, args=(cpu, k, rounds, a_to_b_r, b_to_a_w,
-                                                       rep2_w)))
+        procs.append(ctx.Process(target=_worker, args=(cpu, k, rounds, a_to_b_r, a_to_b_r,
+                                                       b_to_a_w, rep2_w)))
     else:
         procs.append(ctx.Process(target=_echo, args=(cpu, rounds, a_to_b_r, b_to_a_w,
                                                      rep2_w)))
@@ -124,25 +125,6 @@ def _once(ctx: Any, mode: str, cpu: int, k: int, rounds: int) -> float:
     ns: int = sum(r[0] for r in results)
     units: int = sum(r[1] for r in results)
     return ns / units
-
-
-def _worker_a(cpu: int, k: int, rounds: int, start: Connection, recv: Connection,
-              send: Connection, report: Connection) -> None:
-    """The first work process: waits for the start signal, takes the first turn, and ends
-    with the other side's last hand-back; reports (ns on CPU, units)."""
-    os.sched_setaffinity(0, {cpu})
-    fns = _units()
-    _run_units(fns, 20)
-    report.send_bytes(b"ready")
-    start.recv_bytes()
-    began = _on_cpu_ns()
-    for turn in range(rounds):
-        if turn:
-            recv.recv_bytes()
-        _run_units(fns, k)
-        send.send_bytes(b".")
-    recv.recv_bytes()  # the other side's last turn
-    report.send((_on_cpu_ns() - began, rounds * k))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
