@@ -213,6 +213,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="B's connections, if not --connections (e.g. twice as many for twice "
                    "the workers: the same concurrency per worker)")
     p.add_argument("--proxy-cpu", default="0")
+    p.add_argument("--b-proxy-cpu", default=None,
+                   help="B's gateway on these CPUs instead of --proxy-cpu (\"0,1\": B's "
+                   "workers free to spread over both cores, sharing the second with the "
+                   "client and backend)")
     p.add_argument("--client-cpu", default="1")
     p.add_argument("--backend-cpu", default="1")
     gateway.add_log_sink_option(p)
@@ -231,7 +235,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _start(args: argparse.Namespace, procs: ProcessSet, workdir: Path, env: dict[str, str],
            backend_port: int, api_key: str, label: str, api: str,
            store: dict[str, str] | None = None, workers: int = 1,
-           template: str | None = None) -> tuple[Any, int]:
+           template: str | None = None, cpus: str | None = None) -> tuple[Any, int]:
     """Start one set-up's gateway (``template``: its command, ``gateway serve`` by default)
     with ``env`` added to this process's environment; check it answers."""
     saved = {name: os.environ.get(name) for name in env}
@@ -241,7 +245,8 @@ def _start(args: argparse.Namespace, procs: ProcessSet, workdir: Path, env: dict
         template = (template or gateway.default_command()).replace(
             "--workers 1", f"--workers {workers}")
         gw = gateway.start(procs, workdir, template=template, api_key=api_key,
-                           port=port, backend_port=backend_port, cpus=args.proxy_cpu or None,
+                           port=port, backend_port=backend_port,
+                           cpus=cpus or args.proxy_cpu or None,
                            label=label, quotas=args.quotas, store=store,
                            log_shim=args.log_sink == "pipe", log_shim_cpus=args.client_cpu or None)
     finally:
@@ -323,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
             env.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://{HOST}:{ports.json}")
         names = list(sides)
         live = {name: _start(args, procs, workdir, sides[name], ports.for_mode(args.stream),
-                             api_key, name, apis[name], stores[name] or None, workers[name])
+                             api_key, name, apis[name], stores[name] or None, workers[name],
+                             cpus=args.b_proxy_cpu if name == args.b_name else None)
                 for name in names}
         if args.warmup:
             for name in names:
@@ -354,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(names, sides, apis, a, b, window_s=args.duration, stream=args.stream)
     summary["stores"] = stores
     summary["workers"] = workers
+    summary["proxy_cpus"] = {name: (args.b_proxy_cpu if name == args.b_name else None)
+                             or args.proxy_cpu for name in names}
     for name in names:  # CPU per second of the side while idle (the other side's windows)
         summary["a" if name == names[0] else "b"]["idle_cpu_per_s"] = (
             idle[name] / (args.duration * args.pairs))

@@ -64,6 +64,8 @@ def test_cpu_seconds_count_the_workers_a_process_forked() -> None:
 
 def test_arguments_are_checked() -> None:
     assert parse_args(["--pairs", "3"]).pairs == 3
+    assert parse_args([]).b_proxy_cpu is None
+    assert parse_args(["--b-proxy-cpu", "0,1"]).b_proxy_cpu == "0,1"
     with pytest.raises(SystemExit):
         parse_args(["--pairs", "0"])
 
