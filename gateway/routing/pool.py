@@ -57,7 +57,7 @@ class _Waiter:
     def __init__(
         self,
         key: tuple[int, float, int],
-        future: asyncio.Future[BackendState],
+        future: asyncio.Future[BackendState | None],
         exclude: Collection[BackendState],
         affinity: bytes | None,
         prefix: Sequence[int] | None = None,
@@ -74,6 +74,12 @@ class _Waiter:
 def _waiting(waiter: _Waiter) -> bool:
     """Still waiting (not timed out, cancelled or served)."""
     return not waiter.future.done()
+
+
+def _expire(future: asyncio.Future[BackendState | None]) -> None:
+    """A waiter's start deadline: it gets no backend (None), unless a dispatch came first."""
+    if not future.done():
+        future.set_result(None)
 
 
 class PoolState:
@@ -403,28 +409,35 @@ class PoolState:
             raise PoolSaturated(
                 f"pool '{self.name}' cannot start this request before its deadline"
                 f" ({ahead} waiting, ~{expected:.1f}s)", self._retry_after(ahead))
-        future: asyncio.Future[BackendState] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[BackendState | None] = loop.create_future()
         waiter = _Waiter((priority, deadline, next(self._seq)), future, exclude, affinity, prefix,
                          tenant, weight)
         self._queue.push(waiter, level=priority, order=waiter.key, flow=flow, weight=weight,
                          cost=tokens)
         self._queued_tokens += prompt_tokens
         self.dispatch()
+        # The deadline resolves the same future a dispatch does (with None), so exactly one of
+        # them wins: a backend handed over in the loop iteration the deadline passes is used,
+        # never dropped with its slot still counted (a timeout cancelling the task could not
+        # tell that the future already held a backend).
+        expiry = loop.call_at(loop.time() + max(0.0, deadline - now), _expire, future)
+        handed = False
         try:
-            async with asyncio.timeout(max(0.0, deadline - now)):
-                return await future
-        except TimeoutError:
-            raise PoolSaturated(
-                f"pool '{self.name}' had no free backend before the request's deadline",
-                self._retry_after(self.queued)) from None
+            backend = await future
+            if backend is None:
+                raise PoolSaturated(
+                    f"pool '{self.name}' had no free backend before the request's deadline",
+                    self._retry_after(self.queued))
+            handed = True
+            return backend
         finally:
+            expiry.cancel()
             self._queued_tokens -= prompt_tokens
             if not future.done():
                 future.cancel()
-            elif not future.cancelled() and future.exception() is None and (
-                asyncio.current_task() is not None and asyncio.current_task().cancelling()  # type: ignore[union-attr]
-            ):
-                self.release(future.result(), tenant)  # got a backend but the request is gone
+            elif not handed and not future.cancelled() and (got := future.result()) is not None:
+                self.release(got, tenant)  # got a backend but the request is gone
 
     def _cooling(self, now: float, exclude: Collection[BackendState]) -> int:
         """Seconds until the first backend's Retry-After ends, when all are inside one; else 0.

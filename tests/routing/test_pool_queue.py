@@ -51,6 +51,30 @@ async def test_deadline_answers_by_the_deadline() -> None:
     assert pool.queued == 0
 
 
+async def test_a_slot_handed_over_as_the_deadline_passes_is_never_lost() -> None:
+    """A release that hands the waiter its backend in the same loop iteration as the waiter's
+    start deadline passes: the request either starts on that backend or, refused, gives the
+    slot back. Before, the refusal kept the slot: the backend's ``in_flight`` stayed one up for
+    good (under a flood with deadlines the pool lost a slot every few hundred refusals)."""
+    pool = _pool()
+    backend = pool.backends[0]
+    loop = asyncio.get_running_loop()
+    for _ in range(5):
+        held = await pool.acquire(0, time.monotonic() + 5)
+        deadline = time.monotonic() + 0.05
+        # the release's timer is due when the waiter's deadline is (at most a few µs before
+        # it): both run in one iteration of the loop, the release first
+        loop.call_at(deadline, pool.release, held)
+        try:
+            got = await pool.acquire(0, deadline)
+        except PoolSaturated:
+            assert backend.in_flight == 0  # refused: nothing held
+        else:
+            assert got is backend and backend.in_flight == 1  # started: its slot
+            pool.release(got)
+        assert backend.in_flight == 0 and pool.queued == 0
+
+
 async def test_cannot_start_in_time_refused_at_once() -> None:
     """With a known completion rate, a request whose expected start is past its deadline is
     refused immediately instead of waiting for the deadline."""
