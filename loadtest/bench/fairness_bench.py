@@ -31,7 +31,8 @@ seeded, the same in every scenario. Reported per
 tenant: requests, the share answered 200, TTFT p50/p99 of those, and output tokens served per
 second. The targets
 (issue #18): B's TTFT p99 under ``fair`` within 1.3x of ``b-alone``, and A still served at
-least its fair share. Prints a markdown table and writes JSON to
+least its fair share; and a check that, once every client is done, the gateway holds no
+backend slot (``gateway_inflight`` back to 0: a lost slot would shrink the pool for good). Prints a markdown table and writes JSON to
 ``loadtest/results/fairness.json``. Talks to the gateway over HTTP only.
 """
 
@@ -244,6 +245,19 @@ def headroom_started(url: str) -> float:
                for s in family.samples if s.name == "gateway_pool_headroom_dispatches_total")
 
 
+def slots_held(url: str, settle: float = 5.0) -> float:
+    """Backend slots the gateway still counts in flight once every client is done
+    (``gateway_inflight``, polled for up to ``settle`` s while the last requests end): 0
+    unless the pool lost track of a slot, which would cost every tenant capacity for good."""
+    end = time.monotonic() + settle
+    while True:
+        held = sum(s.value for family in text_string_to_metric_families(_metrics(url))
+                   for s in family.samples if s.name == "gateway_inflight")
+        if held == 0 or time.monotonic() >= end:
+            return held
+        time.sleep(0.2)
+
+
 def queue_waits(url: str) -> dict[str, dict[str, float]]:
     """Per tenant, from the gateway's ``gateway_tenant_queue_wait_seconds``: the mean wait
     and the p99 bucket's upper bound (the wait inside the gateway, apart from the engine's and
@@ -427,12 +441,14 @@ def main(argv: list[str] | None = None) -> int:
                 waits = queue_waits(gw.url)
                 time.sleep(1.2)  # the last second's headroom dispatches reach /metrics
                 started = headroom_started(gw.url)
+                held = slots_held(gw.url)
             total = sum(t.output_tokens for t in res.values())
             for tenant, t in res.items():
                 rows.append(_row(name, tenant, t, args.duration, total, waits.get(tenant, {})))
                 rows[-1]["healthz_p50_ms"] = pct(probes, 0.5) * 1000
                 rows[-1]["healthz_p99_ms"] = pct(probes, 0.99) * 1000
                 rows[-1]["headroom_dispatches"] = started  # the pool's, not the tenant's
+                rows[-1]["slots_held_after"] = held  # the pool's: 0 unless a slot leaked
     finally:
         for proc in sims:
             proc.terminate()
@@ -491,6 +507,10 @@ def summarise(rows: list[dict[str, Any]], capacity: float, args: argparse.Namesp
               f"- {'PASS' if a_fair['output_tok_s'] >= 0.9 * share_tok else 'FAIL'} A served "
               f"{a_fair['output_tok_s']:,.0f} output tok/s with fair queuing, its fair share is "
               f"{share_tok:,.0f} (half of capacity {capacity:.1f} req/s x {args.output})"]
+    leaked = {r["scenario"]: r["slots_held_after"] for r in rows if r.get("slots_held_after")}
+    lines.append(f"- {'FAIL' if leaked else 'PASS'} no backend slot held once every client "
+                 "was done" + (": " + ", ".join(f"{k} {v:.0f}" for k, v in leaked.items())
+                               if leaked else ""))
     return "\n".join(lines)
 
 
