@@ -32,8 +32,9 @@ tenant: requests, the share answered 200, TTFT p50/p99 of those, and output toke
 second. The targets
 (issue #18): B's TTFT p99 under ``fair`` within 1.3x of ``b-alone``, and A still served at
 least its fair share; and a check that, once every client is done, the gateway holds no
-backend slot (``gateway_inflight`` back to 0: a lost slot would shrink the pool for good). Prints a markdown table and writes JSON to
-``loadtest/results/fairness.json``. Talks to the gateway over HTTP only.
+backend slot (``gateway_inflight`` back to 0: a lost slot would shrink the pool for good).
+Prints a markdown table and writes JSON to ``loadtest/results/fairness.json``. Talks to the
+gateway over HTTP only.
 """
 
 from __future__ import annotations
