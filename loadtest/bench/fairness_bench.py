@@ -242,8 +242,13 @@ def _metrics(url: str) -> str:
 def headroom_started(url: str) -> float:
     """Requests the pool started on its ``fair_headroom`` (``gateway_pool_headroom_dispatches``:
     the gateway reads it from the pool once a second)."""
+    return _metric_sum(url, "gateway_pool_headroom_dispatches_total")
+
+
+def _metric_sum(url: str, name: str) -> float:
+    """The sum of one series' samples in the gateway's ``/metrics``."""
     return sum(s.value for family in text_string_to_metric_families(_metrics(url))
-               for s in family.samples if s.name == "gateway_pool_headroom_dispatches_total")
+               for s in family.samples if s.name == name)
 
 
 def slots_held(url: str, settle: float = 5.0) -> float:
@@ -252,8 +257,7 @@ def slots_held(url: str, settle: float = 5.0) -> float:
     unless the pool lost track of a slot, which would cost every tenant capacity for good."""
     end = time.monotonic() + settle
     while True:
-        held = sum(s.value for family in text_string_to_metric_families(_metrics(url))
-                   for s in family.samples if s.name == "gateway_inflight")
+        held = _metric_sum(url, "gateway_inflight")
         if held == 0 or time.monotonic() >= end:
             return held
         time.sleep(0.2)

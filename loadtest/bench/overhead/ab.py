@@ -297,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     stores = {args.a_name: _env(args.a_store), args.b_name: _env(args.b_store)}
     apis = {args.a_name: args.a_api, args.b_name: args.b_api}
     workers = {args.a_name: args.a_workers, args.b_name: args.b_workers}
+    proxy_cpus = {args.a_name: args.proxy_cpu, args.b_name: args.b_proxy_cpu or args.proxy_cpu}
     conns = {args.a_name: args.connections, args.b_name: args.b_connections or args.connections}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     hops: list[dict[str, Any]] = []
@@ -329,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         names = list(sides)
         live = {name: _start(args, procs, workdir, sides[name], ports.for_mode(args.stream),
                              api_key, name, apis[name], stores[name] or None, workers[name],
-                             cpus=args.b_proxy_cpu if name == args.b_name else None)
+                             cpus=proxy_cpus[name])
                 for name in names}
         if args.warmup:
             for name in names:
@@ -360,8 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(names, sides, apis, a, b, window_s=args.duration, stream=args.stream)
     summary["stores"] = stores
     summary["workers"] = workers
-    summary["proxy_cpus"] = {name: (args.b_proxy_cpu if name == args.b_name else None)
-                             or args.proxy_cpu for name in names}
+    summary["proxy_cpus"] = proxy_cpus
     for name in names:  # CPU per second of the side while idle (the other side's windows)
         summary["a" if name == names[0] else "b"]["idle_cpu_per_s"] = (
             idle[name] / (args.duration * args.pairs))
