@@ -27,12 +27,13 @@ Every scenario starts a fresh gateway process (which loads its tokenizer at star
 the first request). B's requests come from a client process of their own, started at the
 same instant as A's (``--one-client``: one process for both, whose event loop then also
 parses A's ~750 chunks a second while it times B's first chunks). Arrivals are Poisson,
-seeded, the same in every scenario. Reported per
-tenant: requests, the share answered 200, TTFT p50/p99 of those, and output tokens served per
-second. The targets
-(issue #18): B's TTFT p99 under ``fair`` within 1.3x of ``b-alone``, and A still served at
-least its fair share; and a check that, once every client is done, the gateway holds no
-backend slot (``gateway_inflight`` back to 0: a lost slot would shrink the pool for good).
+seeded, the same in every scenario. Reported per tenant: requests, the share answered 200,
+TTFT p50/p99 of those, and output tokens served per second. The targets (issue #18): B's TTFT
+p99 under ``fair`` within 1.3x of ``b-alone`` (the p95 ratio is printed beside it: a p99 of a
+few hundred requests is their few slowest, and moves between runs by more than most changes
+do), and A still served at least its fair share; and a check that, once every client is done,
+the gateway holds no backend slot (``gateway_inflight`` back to 0: a lost slot would shrink
+the pool for good).
 Prints a markdown table and writes JSON to ``loadtest/results/fairness.json``. Talks to the
 gateway over HTTP only.
 """
@@ -345,7 +346,8 @@ def _row(scenario: str, tenant: str, t: Tenant, duration: float, total_tokens: i
         "scenario": scenario, "tenant": tenant, "sent": t.sent, "ok": t.ok,
         "refused": t.refused, "failed": t.failed,
         "ok_share": t.ok / max(1, t.sent),
-        "ttft_p50_ms": pct(t.ttft, 0.5) * 1000, "ttft_p99_ms": pct(t.ttft, 0.99) * 1000,
+        "ttft_p50_ms": pct(t.ttft, 0.5) * 1000, "ttft_p95_ms": pct(t.ttft, 0.95) * 1000,
+        "ttft_p99_ms": pct(t.ttft, 0.99) * 1000,
         "output_tok_s": t.output_tokens / duration,
         "served_share": t.output_tokens / max(1, total_tokens),
     }
@@ -491,6 +493,8 @@ def summarise(rows: list[dict[str, Any]], capacity: float, args: argparse.Namesp
     by = {(r["scenario"], r["tenant"]): r for r in rows}
     alone, fair = by[("b-alone", "b")], by[("fair", "b")]
     ratio = fair["ttft_p99_ms"] / alone["ttft_p99_ms"]
+    # a p99 of a few hundred requests is their few slowest: the p95 ratio is the steadier read
+    ratio_p95 = fair["ttft_p95_ms"] / alone["ttft_p95_ms"]
     others = []
     for name in dict.fromkeys(r["scenario"] for r in rows):
         if name in ("b-alone", "fair") or (name, "b") not in by:
@@ -504,7 +508,7 @@ def summarise(rows: list[dict[str, Any]], capacity: float, args: argparse.Namesp
     share_tok = capacity * args.output / 2
     lines += ["",
               f"- {'PASS' if ratio <= 1.3 else 'FAIL'} B's TTFT p99 with fair queuing "
-              f"{ratio:.2f}x B alone (target <= 1.3x; queue wait mean "
+              f"{ratio:.2f}x B alone (target <= 1.3x; p95 {ratio_p95:.2f}x; queue wait mean "
               f"{fair['queue_wait_mean_ms']:.0f} ms, {100 * fair['ok_share']:.1f}% of B "
               f"answered, {fair['headroom_dispatches']:.0f} requests started on the headroom, "
               f"B sent {fair['sent']}, A {a_fair['sent']})"
