@@ -217,6 +217,12 @@ class Pool(_Base, frozen=True):
     #: free again at the backend's next completion, so 2 per backend lets a light tenant
     #: start several requests inside one completion gap
     fair_headroom: Annotated[int, msgspec.Meta(ge=0, le=64)] = 2
+    #: with ``fair`` and ``fair_headroom``: while another tenant holds slots, the requests of
+    #: tenants at or above their share start in bursts, one backend at a time, on a backend
+    #: where no other tenant's streamed request awaits its first chunk, so one backend is
+    #: always clear of the floods' prefills for a light tenant's next request (a freed slot
+    #: waits for a first chunk, one prefill's time, at most); false: a freed slot goes at once
+    fair_stagger: bool = True
     #: ``least_loaded`` (and ``prefix`` when no backend holds the prompt's prefix): of the two
     #: backends compared, the one with fewer streamed requests awaiting their first chunk wins
     #: while its load is within 1.25x the other's, since every prefill an engine has scheduled

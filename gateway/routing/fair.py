@@ -277,6 +277,14 @@ class SlotShares:
             del self._held[flow]
             self._weights = max(0.0, self._weights - w) if self._held else 0.0
 
+    def others(self, flow: str) -> bool:
+        """Does a flow other than ``flow`` hold slots?"""
+        return len(self._held) > (1 if flow in self._held else 0)
+
+    def weight(self, flow: str) -> float:
+        """The weight ``flow`` took its slots with (1 when it holds none)."""
+        return self._held.get(flow, (0, 1.0))[1]
+
     def held(self, flow: str) -> int:
         """Slots ``flow`` holds."""
         return self._held.get(flow, (0, 0.0))[0]

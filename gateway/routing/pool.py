@@ -49,6 +49,7 @@ _RATE_HALF_LIFE = 5.0  # seconds; decay of the completion-rate estimate
 _RATE_MIN_SAMPLES = 8  # completions before the rate is trusted to refuse a waiter early
 _PRESSURE_WINDOW = 10.0  # seconds a higher class counts as using the pool after its last request
 _TOKENS_ALPHA = 0.1  # weight of the newest prompt in the own-class typical prompt size
+_BURST_WINDOW = 0.01  # seconds a staggered burst takes more starts (to share one engine step)
 
 
 class _Waiter:
@@ -106,6 +107,14 @@ class PoolState:
         self._shares = SlotShares()  # slots held per tenant (counted while fair_headroom > 0)
         #: requests started on the headroom since the metrics last took the count
         self.headroom_started = 0
+        #: ``fair_stagger``: see :meth:`_staggered`
+        self.fair_stagger = bool(self.fair_headroom) and config.fair_stagger
+        #: per backend, per tenant: streamed requests awaiting their first chunk, and backends
+        #: handed to waiters whose tasks have not yet resumed (kept with ``fair_stagger``)
+        self._pending: dict[BackendState, dict[str, int]] = {}
+        self._burst: tuple[BackendState, float] | None = None  # backend, when it began
+        self._stagger_held = False  # a free slot was held back: dispatch on a first chunk
+        self._opening = False  # the pick being made begins a burst
         self._seq = itertools.count()
         self._rr = itertools.count()
         self._rng = random.Random()
@@ -296,7 +305,9 @@ class PoolState:
         ``strategy: prefix`` and recorded against the backend picked. ``spare``: a slot of
         ``fair_headroom`` on a full backend instead (the caller checked :meth:`below_share`).
         """
-        options = self._spare(now, exclude) if spare else self.candidates(now, exclude)
+        self._opening = False
+        options = (self._spare(now, exclude) if spare
+                   else self._regular(now, exclude, tenant, weight))
         backend: BackendState | None = None
         index = self.prefix_index
         if affinity is not None and self.config.affinity is not None:
@@ -316,6 +327,8 @@ class PoolState:
             else:
                 backend = pick_least_loaded(options, self._rng, self.config.prefill_aware)
         if backend is not None:
+            if self._opening:
+                self._burst = (backend, now)  # the floods' first start since they were clear
             backend.on_pick(now)
             backend.acquire()
             if self.fair_headroom:
@@ -325,6 +338,75 @@ class PoolState:
                 # has prefilled it, and the next request sharing it may already be on its way
                 index.record(backend, prefix)
         return backend
+
+    def _regular(self, now: float, exclude: Collection[BackendState], tenant: str,
+                 weight: float) -> list[BackendState]:
+        """The backends with a free slot ``tenant`` may take now (:meth:`candidates`, and of
+        those the staggered ones when the tenant is paced)."""
+        options = self.candidates(now, exclude)
+        self._opening = False
+        if options and self.fair_stagger and self._paced(tenant, weight, now):
+            return self._staggered(options, now)
+        return options
+
+    def _paced(self, tenant: str, weight: float, now: float) -> bool:
+        """Does ``tenant`` hold at least its share while another tenant holds slots?"""
+        shares = self._shares
+        return shares.others(tenant) and not shares.below_share(tenant, weight,
+                                                                self.capacity(now))
+
+    def _staggered(self, options: list[BackendState], now: float) -> list[BackendState]:
+        """Where a paced tenant may start: never where another tenant's (one below its share)
+        streamed request awaits its first chunk; while the paced tenants' own prefills are
+        pending, only on the backend their burst began on, within ``_BURST_WINDOW``; else
+        anywhere (a new burst). So the floods' prefills are pending on one backend at a time
+        and the other is clear for a light tenant's next request."""
+        capacity = self.capacity(now)
+        shares = self._shares
+        light: set[BackendState] = set()
+        flooded = False
+        for b, by in self._pending.items():
+            for t, n in by.items():
+                if n <= 0:
+                    continue
+                if shares.others(t) and not shares.below_share(t, shares.weight(t), capacity):
+                    flooded = True
+                else:
+                    light.add(b)
+        if not flooded:
+            self._opening = True  # a start here begins a burst
+            return [b for b in options if b not in light]
+        burst = self._burst
+        if burst is None or now - burst[1] > _BURST_WINDOW or burst[0] in light:
+            return []
+        return [b for b in options if b is burst[0]]
+
+    def _count_pending(self, backend: BackendState, tenant: str, n: int) -> None:
+        by = self._pending.setdefault(backend, {})
+        left = by.get(tenant, 0) + n
+        if left > 0:
+            by[tenant] = left
+        else:
+            by.pop(tenant, None)
+            if not by:
+                del self._pending[backend]
+
+    def prefill_started(self, backend: BackendState, tenant: str, now: float) -> None:
+        """A streamed request of ``tenant`` was sent to ``backend``: it awaits its first
+        chunk."""
+        backend.prefill_started(now)
+        if self.fair_stagger:
+            self._count_pending(backend, tenant, 1)
+
+    def prefill_ended(self, backend: BackendState, tenant: str, started: float) -> None:
+        """Its first chunk came back (or its attempt ended without one): a slot the stagger
+        held back may go now."""
+        backend.prefill_ended(started)
+        if self.fair_stagger:
+            self._count_pending(backend, tenant, -1)
+            if self._stagger_held:
+                self._stagger_held = False
+                self.dispatch()
 
     def _spare(self, now: float, exclude: Collection[BackendState]) -> list[BackendState]:
         """Full backends with ``fair_headroom`` left: only healthy ones (never an ejected or
@@ -430,6 +512,8 @@ class PoolState:
                     f"pool '{self.name}' had no free backend before the request's deadline",
                     self._retry_after(self.queued))
             handed = True
+            if self.fair_stagger:  # the hand-over becomes its send: nothing awaits till then
+                self._count_pending(backend, tenant, -1)
             return backend
         finally:
             expiry.cancel()
@@ -437,6 +521,8 @@ class PoolState:
             if not future.done():
                 future.cancel()
             elif not handed and not future.cancelled() and (got := future.result()) is not None:
+                if self.fair_stagger:
+                    self._count_pending(got, tenant, -1)
                 self.release(got, tenant)  # got a backend but the request is gone
 
     def _cooling(self, now: float, exclude: Collection[BackendState]) -> int:
@@ -474,11 +560,33 @@ class PoolState:
             backend = self.try_pick(now, waiter.exclude, waiter.affinity, waiter.prefix,
                                     tenant=waiter.tenant, weight=waiter.weight)
             if backend is None:
-                waiter, backend = self._pick_spare(now)
-                if waiter is None or backend is None:
+                chosen, backend = self._pick_unstaggered(now)
+                if backend is None:
+                    chosen, backend = self._pick_spare(now)
+                if chosen is None or backend is None:
+                    if self.fair_stagger and self.candidates(now):
+                        self._stagger_held = True  # a free slot waits for a first chunk
                     return
+                waiter = chosen
             queue.pop_first()  # served: charged to its tenant's share
+            if self.fair_stagger:
+                self._count_pending(backend, waiter.tenant, 1)
             waiter.future.set_result(backend)
+
+    def _pick_unstaggered(self, now: float) -> tuple[_Waiter | None, BackendState | None]:
+        """With free slots the stagger keeps from the first waiter: the next waiter in fair
+        order that may take one, and the slot."""
+        if not self.fair_stagger or not self.candidates(now):
+            return None, None
+
+        def wanted(w: _Waiter) -> bool:
+            return bool(self._regular(now, w.exclude, w.tenant, w.weight))
+
+        waiter = self._queue.first_where(_waiting, wanted)
+        if waiter is None:
+            return None, None
+        return waiter, self.try_pick(now, waiter.exclude, waiter.affinity, waiter.prefix,
+                                     tenant=waiter.tenant, weight=waiter.weight)
 
     def _pick_spare(self, now: float) -> tuple[_Waiter | None, BackendState | None]:
         """The next waiter below its share (see :meth:`dispatch`) and a headroom slot for it."""

@@ -167,13 +167,13 @@ async def _attempt(
     counted = ctx.stream
     started = time.monotonic() if counted else 0.0
     if counted:
-        backend.prefill_started(started)
+        pool.prefill_started(backend, ctx.tenant or "", started)
     try:
         return await _exchange(upstream, pool, backend, ctx, endpoint, body, headers, timeouts,
                                retry_after_max)
     finally:
         if counted:
-            backend.prefill_ended(started)
+            pool.prefill_ended(backend, ctx.tenant or "", started)
 
 
 async def _exchange(

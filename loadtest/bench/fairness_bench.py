@@ -11,9 +11,14 @@ gateway's), one run measures the pool's capacity (a closed loop of tenant A alon
 - ``fair``: B at the same rate beside tenant A sending ``--a-factor`` x its fair share (equal
   weights: half the capacity), fair queuing on (``fair: true``, the default) with
   ``fair_headroom: --headroom`` (2, the default: slots above each full backend's
-  ``max_in_flight`` for a tenant below its share of the pool's slots) and ``prefill_aware``
+  ``max_in_flight`` for a tenant below its share of the pool's slots), ``fair_stagger`` (the
+  default: while B holds slots, A's requests start in bursts on one backend at a time, never
+  where a request of B awaits its first chunk) and ``prefill_aware``
   (the default: of two backends, the one with fewer requests awaiting their first token, with
   as many the one whose pending requests were sent earlier);
+- ``fair-no-stagger``: the same with ``fair_stagger: false`` (A, above its share, starts on
+  any backend with a free slot at once, instead of in bursts one backend at a time and never
+  where a request of B awaits its first chunk);
 - ``fair-no-prefill-aware``: the same with ``prefill_aware: false`` on the pool (backends
   picked by load and latency alone, not also by the prefills pending on them);
 - ``fair-no-headroom``: the same with ``fair_headroom: 0`` (fair queuing alone: B's request,
@@ -69,7 +74,8 @@ KEYS = {"a": "sk-gw-fair-bench-a-0123456789abcdef0123456789abcdef",
         "b": "sk-gw-fair-bench-b-0123456789abcdef0123456789abcdef"}
 WORD = " the"  # one token in o200k_base
 METRICS_TOKEN = "fairness-bench-metrics"  # per-tenant series need a token on /metrics
-SCENARIOS = ("b-alone", "fair", "fair-no-prefill-aware", "fair-no-headroom", "fifo")
+SCENARIOS = ("b-alone", "fair", "fair-no-stagger", "fair-no-prefill-aware", "fair-no-headroom",
+             "fifo")
 
 
 @dataclass
@@ -291,7 +297,8 @@ def queue_waits(url: str) -> dict[str, dict[str, float]]:
 
 
 def policy(backends: list[str], slots: int, fair: bool, deadline: float,
-           headroom: int = 1, prefill_aware: bool = True) -> dict[str, Any]:
+           headroom: int = 1, prefill_aware: bool = True, stagger: bool = True
+           ) -> dict[str, Any]:
     def sha(key: str) -> str:
         return hashlib.sha256(key.encode()).hexdigest()
 
@@ -304,6 +311,7 @@ def policy(backends: list[str], slots: int, fair: bool, deadline: float,
                     {"name": "batch", "priority": 10, "start_deadline": 600}],
         "pools": [{"name": "shared", "class": "interactive", "fair": fair, "queue_size": 100000,
                    "fair_headroom": headroom, "prefill_aware": prefill_aware,
+                   "fair_stagger": stagger,
                    "backends": [{"name": f"sim-{i}", "url": u, "max_in_flight": slots}
                                 for i, u in enumerate(backends)]}],
         "models": [{"name": "chat", "pool": "shared", "backend_model": "sim-model"}],
@@ -430,16 +438,18 @@ def main(argv: list[str] | None = None) -> int:
         plan_b = arrivals(rate_b, args.duration, args.seed)
         plan_a = arrivals(rate_a, args.duration, args.seed + 1)
         both = {"a": plan_a, "b": plan_b}
-        every = {"b-alone": (True, args.headroom, True, {"b": plan_b}),
-                 "fair": (True, args.headroom, True, both),
-                 "fair-no-prefill-aware": (True, args.headroom, False, both),
-                 "fair-no-headroom": (True, 0, True, both),
-                 "fifo": (False, 0, True, both)}
+        every = {"b-alone": (True, args.headroom, True, True, {"b": plan_b}),
+                 "fair": (True, args.headroom, True, True, both),
+                 "fair-no-stagger": (True, args.headroom, True, False, both),
+                 "fair-no-prefill-aware": (True, args.headroom, False, True, both),
+                 "fair-no-headroom": (True, 0, True, True, both),
+                 "fifo": (False, 0, True, True, both)}
         for name in chosen:
             h = _headroom_of(name)
-            fair, headroom, aware, plan = every[name] if h is None else (True, h, True, both)
+            fair, headroom, aware, stagger, plan = (every[name] if h is None
+                                                    else (True, h, True, True, both))
             time.sleep(2)  # the engines drain between scenarios
-            data = policy(urls, args.slots, fair, args.deadline, headroom, aware)
+            data = policy(urls, args.slots, fair, args.deadline, headroom, aware, stagger)
             with Gateway(tmp, name, data, env) as gw:
                 print(f"[fairness-bench] {name}", file=sys.stderr, flush=True)
                 res, probes = split_loop(gw.url, plan, args.duration, args.prompt,
