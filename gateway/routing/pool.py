@@ -38,7 +38,7 @@ from gateway.routing.predict import Prediction, Predictor
 from gateway.routing.prefix import PrefixIndex
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Sequence
+    from collections.abc import Callable, Collection, Sequence
 
     from gateway.config import Pool
 
@@ -344,32 +344,30 @@ class PoolState:
         """The backends with a free slot ``tenant`` may take now (:meth:`candidates`, and of
         those the staggered ones when the tenant is paced)."""
         options = self.candidates(now, exclude)
-        self._opening = False
-        if options and self.fair_stagger and self._paced(tenant, weight, now):
-            return self._staggered(options, now)
+        if options and self.fair_stagger:
+            capacity = self.capacity(now)
+            if self._paced(tenant, weight, capacity):
+                return self._staggered(options, now, capacity)
         return options
 
-    def _paced(self, tenant: str, weight: float, now: float) -> bool:
+    def _paced(self, tenant: str, weight: float, capacity: int) -> bool:
         """Does ``tenant`` hold at least its share while another tenant holds slots?"""
         shares = self._shares
-        return shares.others(tenant) and not shares.below_share(tenant, weight,
-                                                                self.capacity(now))
+        return shares.others(tenant) and not shares.below_share(tenant, weight, capacity)
 
-    def _staggered(self, options: list[BackendState], now: float) -> list[BackendState]:
+    def _staggered(self, options: list[BackendState], now: float,
+                   capacity: int) -> list[BackendState]:
         """Where a paced tenant may start: never where another tenant's (one below its share)
         streamed request awaits its first chunk; while the paced tenants' own prefills are
         pending, only on the backend their burst began on, within ``_BURST_WINDOW``; else
         anywhere (a new burst). So the floods' prefills are pending on one backend at a time
         and the other is clear for a light tenant's next request."""
-        capacity = self.capacity(now)
         shares = self._shares
         light: set[BackendState] = set()
         flooded = False
-        for b, by in self._pending.items():
-            for t, n in by.items():
-                if n <= 0:
-                    continue
-                if shares.others(t) and not shares.below_share(t, shares.weight(t), capacity):
+        for b, by in self._pending.items():  # only counts above 0 are kept
+            for t in by:
+                if self._paced(t, shares.weight(t), capacity):
                     flooded = True
                 else:
                     light.add(b)
@@ -578,34 +576,30 @@ class PoolState:
         order that may take one, and the slot."""
         if not self.fair_stagger or not self.candidates(now):
             return None, None
-
-        def wanted(w: _Waiter) -> bool:
-            return bool(self._regular(now, w.exclude, w.tenant, w.weight))
-
-        waiter = self._queue.first_where(_waiting, wanted)
-        if waiter is None:
-            return None, None
-        return waiter, self.try_pick(now, waiter.exclude, waiter.affinity, waiter.prefix,
-                                     tenant=waiter.tenant, weight=waiter.weight)
+        return self._first_taker(
+            now, lambda w: bool(self._regular(now, w.exclude, w.tenant, w.weight)), spare=False)
 
     def _pick_spare(self, now: float) -> tuple[_Waiter | None, BackendState | None]:
         """The next waiter below its share (see :meth:`dispatch`) and a headroom slot for it."""
         if not self.fair_headroom or not self._spare(now, ()):
             return None, None
         capacity = self.capacity(now)
-
-        def wanted(w: _Waiter) -> bool:
-            return (self._shares.below_share(w.tenant, w.weight, capacity)
-                    and bool(self._spare(now, w.exclude)))
-
-        waiter = self._queue.first_where(_waiting, wanted)
-        if waiter is None:
-            return None, None
-        backend = self.try_pick(now, waiter.exclude, waiter.affinity, waiter.prefix,
-                                tenant=waiter.tenant, weight=waiter.weight, spare=True)
+        waiter, backend = self._first_taker(
+            now, lambda w: (self._shares.below_share(w.tenant, w.weight, capacity)
+                            and bool(self._spare(now, w.exclude))), spare=True)
         if backend is not None:
             self.headroom_started += 1
         return waiter, backend
+
+    def _first_taker(self, now: float, wanted: Callable[[_Waiter], bool], *,
+                     spare: bool) -> tuple[_Waiter | None, BackendState | None]:
+        """The first waiter in fair order (of the first class waiting) that ``wanted`` says
+        may take a slot, and its pick (``spare``: of the headroom)."""
+        waiter = self._queue.first_where(_waiting, wanted)
+        if waiter is None:
+            return None, None
+        return waiter, self.try_pick(now, waiter.exclude, waiter.affinity, waiter.prefix,
+                                     tenant=waiter.tenant, weight=waiter.weight, spare=spare)
 
     def _redispatch_at(self, when: float) -> None:
         """Dispatch again when the lending window ends."""

@@ -80,17 +80,17 @@ async def test_flood_prefills_pending_on_one_backend_hold_the_other() -> None:
 async def test_a_burst_takes_starts_on_its_own_backend_within_its_window() -> None:
     pool = _pool()
     full, _ = await _fill(pool)
+    now = time.monotonic()  # one instant for both picks: inside the window however slow
     pool.release(full, "a")  # A holds 2 of 4 beside B's 1: at its share, paced
-    first = pool.try_pick(time.monotonic(), tenant="a")
+    first = pool.try_pick(now, tenant="a")
     assert first is full  # the only free slot; nothing pending: it begins a burst
     assert pool._burst is not None and pool._burst[0] is full
-    pool.prefill_started(first, "a", time.monotonic())
+    pool.prefill_started(first, "a", now)
     pool.release(full, "a")
-    second = pool.try_pick(time.monotonic(), tenant="a")  # inside the window: joins it
+    second = pool.try_pick(now, tenant="a")  # inside the window: joins it
     assert second is full
-    pool._burst = (full, time.monotonic() - 1.0)  # the window has passed
     pool.release(full, "a")
-    assert pool.try_pick(time.monotonic(), tenant="a") is None  # waits for the first chunks
+    assert pool.try_pick(now + 1.0, tenant="a") is None  # window passed: waits for the chunks
 
 
 async def test_never_when_off_nor_for_a_tenant_alone() -> None:
