@@ -327,6 +327,8 @@ class PoolState:
             else:
                 backend = pick_least_loaded(options, self._rng, self.config.prefill_aware)
         if backend is not None:
+            if backend.full:
+                self.headroom_started += 1
             if self._opening:
                 self._burst = (backend, now)  # the floods' first start since they were clear
             backend.on_pick(now)
@@ -341,14 +343,31 @@ class PoolState:
 
     def _regular(self, now: float, exclude: Collection[BackendState], tenant: str,
                  weight: float) -> list[BackendState]:
-        """The backends with a free slot ``tenant`` may take now (:meth:`candidates`, and of
-        those the staggered ones when the tenant is paced)."""
+        """The backends ``tenant`` may take a slot on now: :meth:`candidates` (those with a free
+        slot), of those the staggered ones when the tenant is paced, and for a tenant below its
+        share also the :meth:`_clearer_spare` headroom slots (prefill-aware pools)."""
         options = self.candidates(now, exclude)
-        if options and self.fair_stagger:
-            capacity = self.capacity(now)
-            if self._paced(tenant, weight, capacity):
-                return self._staggered(options, now, capacity)
+        if not options or not self.fair_headroom:
+            return options
+        capacity = self.capacity(now)
+        if self.fair_stagger and self._paced(tenant, weight, capacity):
+            return self._staggered(options, now, capacity)
+        if self.config.prefill_aware and self._shares.below_share(tenant, weight, capacity):
+            return options + self._clearer_spare(now, exclude, options)
         return options
+
+    def _clearer_spare(self, now: float, exclude: Collection[BackendState],
+                       options: list[BackendState]) -> list[BackendState]:
+        """Headroom slots (:meth:`_spare`) on backends with fewer streamed requests awaiting
+        their first chunk than every backend with a free slot has: a tenant below its share
+        may take one rather than a free slot behind a flood's prefills. The flood fills free
+        slots as they open and, staggered, is held off all but one backend, so the free slot
+        a light tenant finds is most often on the backend where the flood's burst is
+        prefilling; its request would then wait for those prefills, one engine step each."""
+        fewest = min(b.prefilling for b in options)
+        if not fewest:
+            return []
+        return [b for b in self._spare(now, exclude) if b.prefilling < fewest]
 
     def _paced(self, tenant: str, weight: float, capacity: int) -> bool:
         """Does ``tenant`` hold at least its share while another tenant holds slots?"""
@@ -584,12 +603,9 @@ class PoolState:
         if not self.fair_headroom or not self._spare(now, ()):
             return None, None
         capacity = self.capacity(now)
-        waiter, backend = self._first_taker(
+        return self._first_taker(
             now, lambda w: (self._shares.below_share(w.tenant, w.weight, capacity)
                             and bool(self._spare(now, w.exclude))), spare=True)
-        if backend is not None:
-            self.headroom_started += 1
-        return waiter, backend
 
     def _first_taker(self, now: float, wanted: Callable[[_Waiter], bool], *,
                      spare: bool) -> tuple[_Waiter | None, BackendState | None]:
