@@ -215,7 +215,8 @@ class Pool(_Base, frozen=True):
     #: flood does not wait for the flood's next completion (the flood never gets them); keep
     #: ``max_in_flight`` + this within the engine's running batch. 0: none. A slot taken is
     #: free again at the backend's next completion, so 2 per backend lets a light tenant
-    #: start several requests inside one completion gap
+    #: start several requests inside one completion gap. With ``prefill_aware`` such a tenant
+    #: also takes one when every free slot is on a backend with more pending prefills
     fair_headroom: Annotated[int, msgspec.Meta(ge=0, le=64)] = 2
     #: with ``fair`` and ``fair_headroom``: while another tenant holds slots, the requests of
     #: tenants at or above their share start in bursts, one backend at a time, on a backend
