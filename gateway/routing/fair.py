@@ -250,36 +250,68 @@ class SlotShares:
     """Backend slots held per flow, and whether a flow holds less than its weighted share.
 
     A flow's share of ``capacity`` slots is ``capacity * weight / (its weight + the weights of
-    the other flows holding slots)``: the flows holding nothing are left out, as they take
-    nothing from it. A flow alone therefore has all of the capacity as its share, and is never
-    below it while it holds all of it.
+    the other flows sharing the pool)``: the flows holding slots, and those that gave back
+    their last one less than ``linger`` seconds ago. The flows gone longer are left out, as
+    they take nothing from it. A flow alone therefore has all of the capacity as its share,
+    and is never below it while it holds all of it.
+
+    The linger is for a light tenant whose requests come one at a time (an interactive
+    tenant at a few requests a second holds nothing for a moment between them every few
+    seconds): the flows above their share stay paced (``fair_stagger``) across that moment,
+    so its next request finds one backend clear of their prefills instead of the whole pool
+    handed back to them a moment earlier.
     """
 
-    __slots__ = ("_held", "_weights")
+    __slots__ = ("_held", "_lingering", "_weights", "linger")
 
-    def __init__(self) -> None:
+    def __init__(self, linger: float = 0.0) -> None:
         self._held: dict[str, tuple[int, float]] = {}  # flow -> (slots, weight when it took one)
-        self._weights = 0.0  # sum of the weights in ``_held``
+        #: flows holding none that still count: flow -> (weight, monotonic time they stop)
+        self._lingering: dict[str, tuple[float, float]] = {}
+        self._weights = 0.0  # sum of the weights in ``_held`` and ``_lingering``
+        self.linger = linger
 
     def take(self, flow: str, weight: float) -> None:
         """``flow`` got a slot."""
         slots, w = self._held.get(flow, (0, weight))
         if not slots:
+            lingered = self._lingering.pop(flow, None)
+            if lingered is not None:
+                self._weights -= lingered[0]
             self._weights += w
         self._held[flow] = (slots + 1, w)
 
-    def give_back(self, flow: str) -> None:
-        """``flow`` freed a slot (one it took: a flow holding none is left alone)."""
+    def give_back(self, flow: str, now: float) -> None:
+        """``flow`` freed a slot (one it took: a flow holding none is left alone) at ``now``
+        (monotonic seconds): its last one starts its linger."""
         slots, w = self._held.get(flow, (0, 0.0))
         if slots > 1:
             self._held[flow] = (slots - 1, w)
         elif slots == 1:
             del self._held[flow]
-            self._weights = max(0.0, self._weights - w) if self._held else 0.0
+            if self.linger > 0:
+                self._lingering[flow] = (w, now + self.linger)
+            else:
+                self._drop(w)
+
+    def expire(self, now: float) -> None:
+        """Leave out the flows whose linger ended by ``now``."""
+        if not self._lingering:
+            return
+        for flow in [f for f, (_, until) in self._lingering.items() if until <= now]:
+            self._drop(self._lingering.pop(flow)[0])
+
+    def _drop(self, weight: float) -> None:
+        # summed floats drift: with no flow left the sum is exactly zero
+        if self._held or self._lingering:
+            self._weights = max(0.0, self._weights - weight)
+        else:
+            self._weights = 0.0
 
     def others(self, flow: str) -> bool:
-        """Does a flow other than ``flow`` hold slots?"""
-        return len(self._held) > (1 if flow in self._held else 0)
+        """Does a flow other than ``flow`` share the pool (hold slots, or linger)?"""
+        mine = flow in self._held or flow in self._lingering
+        return len(self._held) + len(self._lingering) > mine
 
     def weight(self, flow: str) -> float:
         """The weight ``flow`` took its slots with (1 when it holds none)."""
@@ -292,9 +324,11 @@ class SlotShares:
     def below_share(self, flow: str, weight: float, capacity: int) -> bool:
         """Does ``flow`` (of ``weight``) hold fewer slots than its share of ``capacity``?"""
         slots, w = self._held.get(flow, (0, 0.0))
-        others = self._weights - w if slots else self._weights
-        return slots < capacity * weight / (weight + max(0.0, others))
+        if not slots:
+            w = self._lingering.get(flow, (0.0, 0.0))[0]
+        return slots < capacity * weight / (weight + max(0.0, self._weights - w))
 
     def __repr__(self) -> str:
         flows = ", ".join(f"{name}: {slots}" for name, (slots, _) in sorted(self._held.items()))
-        return f"<SlotShares [{flows}]>"
+        lingering = f" lingering [{', '.join(sorted(self._lingering))}]" if self._lingering else ""
+        return f"<SlotShares [{flows}]{lingering}>"

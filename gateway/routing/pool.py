@@ -104,7 +104,9 @@ class PoolState:
         self._queue: FairQueue[_Waiter] = FairQueue()
         #: slots above each backend's max_in_flight for tenants below their share (fair only)
         self.fair_headroom = config.fair_headroom if config.fair else 0
-        self._shares = SlotShares()  # slots held per tenant (counted while fair_headroom > 0)
+        #: slots held per tenant (counted while fair_headroom > 0), a tenant counted among those
+        #: sharing the pool for ``fair_linger`` seconds after its last slot
+        self._shares = SlotShares(config.fair_linger)
         #: requests started on the headroom since the metrics last took the count
         self.headroom_started = 0
         #: ``fair_stagger``: see :meth:`_staggered`
@@ -306,6 +308,7 @@ class PoolState:
         ``fair_headroom`` on a full backend instead (the caller checked :meth:`below_share`).
         """
         self._opening = False
+        self._shares.expire(now)
         options = (self._spare(now, exclude) if spare
                    else self._regular(now, exclude, tenant, weight))
         backend: BackendState | None = None
@@ -421,9 +424,13 @@ class PoolState:
         backend.prefill_ended(started)
         if self.fair_stagger:
             self._count_pending(backend, tenant, -1)
-            if self._stagger_held:
-                self._stagger_held = False
-                self.dispatch()
+            self._release_held()
+
+    def _release_held(self) -> None:
+        """Dispatch the slots the stagger held back, if any: what held them has moved on."""
+        if self._stagger_held:
+            self._stagger_held = False
+            self.dispatch()
 
     def _spare(self, now: float, exclude: Collection[BackendState]) -> list[BackendState]:
         """Full backends with ``fair_headroom`` left: only healthy ones (never an ejected or
@@ -449,8 +456,10 @@ class PoolState:
     def below_share(self, tenant: str, weight: float, now: float) -> bool:
         """May ``tenant`` take a headroom slot: does it hold fewer slots than its weighted share
         of the capacity, among the tenants holding slots? Never without ``fair_headroom``."""
-        return bool(self.fair_headroom) and self._shares.below_share(
-            tenant, weight, self.capacity(now))
+        if not self.fair_headroom:
+            return False
+        self._shares.expire(now)
+        return self._shares.below_share(tenant, weight, self.capacity(now))
 
     def untried(self, now: float, exclude: Collection[BackendState]) -> bool:
         """Is there a healthy backend not in ``exclude`` (full or not)?"""
@@ -531,6 +540,10 @@ class PoolState:
             handed = True
             if self.fair_stagger:  # the hand-over becomes its send: nothing awaits till then
                 self._count_pending(backend, tenant, -1)
+                if self._stagger_held:
+                    # a slot held back for this hand-over may go once the request is sent
+                    # (a streamed one counts as a pending prefill again by then)
+                    loop.call_soon(self._release_held)
             return backend
         finally:
             expiry.cancel()
@@ -556,7 +569,7 @@ class PoolState:
         """Give back a slot acquired for ``tenant`` and hand it to the first waiter, if any."""
         backend.release()
         if self.fair_headroom:
-            self._shares.give_back(tenant)
+            self._shares.give_back(tenant, time.monotonic())
         self.predictor.settle(backend)
         self._count_completion()
         self.dispatch()
@@ -569,6 +582,7 @@ class PoolState:
         that may not take it."""
         queue = self._queue
         now = time.monotonic()
+        self._shares.expire(now)
         while (waiter := queue.first(_waiting)) is not None:
             if not self.admits(waiter.key[0], now):  # throttled for borrowers
                 if now < self._lent_until:  # no release may come before lending ends

@@ -16,6 +16,8 @@ gateway's), one run measures the pool's capacity (a closed loop of tenant A alon
   where a request of B awaits its first chunk) and ``prefill_aware``
   (the default: of two backends, the one with fewer requests awaiting their first token, with
   as many the one whose pending requests were sent earlier);
+- ``fair-no-linger``: the same with ``fair_linger: 0`` (A is staggered only while B holds
+  slots, not also for the default 2 s after B's last request ended);
 - ``fair-no-stagger``: the same with ``fair_stagger: false`` (A, above its share, starts on
   any backend with a free slot at once, instead of in bursts one backend at a time and never
   where a request of B awaits its first chunk);
@@ -74,8 +76,8 @@ KEYS = {"a": "sk-gw-fair-bench-a-0123456789abcdef0123456789abcdef",
         "b": "sk-gw-fair-bench-b-0123456789abcdef0123456789abcdef"}
 WORD = " the"  # one token in o200k_base
 METRICS_TOKEN = "fairness-bench-metrics"  # per-tenant series need a token on /metrics
-SCENARIOS = ("b-alone", "fair", "fair-no-stagger", "fair-no-prefill-aware", "fair-no-headroom",
-             "fifo")
+SCENARIOS = ("b-alone", "fair", "fair-no-linger", "fair-no-stagger", "fair-no-prefill-aware",
+             "fair-no-headroom", "fifo")
 
 
 @dataclass
@@ -88,6 +90,9 @@ class Tenant:
     failed: int = 0
     ttft: list[float] = field(default_factory=list)
     output_tokens: int = 0
+    #: (sent, first chunk or None, done) of each request answered 200, ``perf_counter`` times
+    #: (one clock for every process of the machine): what else the tenant had in flight
+    spans: list[tuple[float, float | None, float]] = field(default_factory=list)
 
 
 async def _one(session: aiohttp.ClientSession, url: str, tenant: str, prompt: int, output: int,
@@ -121,6 +126,7 @@ async def _one(session: aiohttp.ClientSession, url: str, tenant: str, prompt: in
     out.ok += 1
     if ttft is not None:
         out.ttft.append(ttft)
+    out.spans.append((t0, None if ttft is None else t0 + ttft, time.perf_counter()))
     if time.perf_counter() <= window_end:
         out.output_tokens += chunks
 
@@ -297,8 +303,8 @@ def queue_waits(url: str) -> dict[str, dict[str, float]]:
 
 
 def policy(backends: list[str], slots: int, fair: bool, deadline: float,
-           headroom: int = 1, prefill_aware: bool = True, stagger: bool = True
-           ) -> dict[str, Any]:
+           headroom: int = 1, prefill_aware: bool = True, stagger: bool = True,
+           linger: float | None = None) -> dict[str, Any]:
     def sha(key: str) -> str:
         return hashlib.sha256(key.encode()).hexdigest()
 
@@ -312,6 +318,7 @@ def policy(backends: list[str], slots: int, fair: bool, deadline: float,
         "pools": [{"name": "shared", "class": "interactive", "fair": fair, "queue_size": 100000,
                    "fair_headroom": headroom, "prefill_aware": prefill_aware,
                    "fair_stagger": stagger,
+                   **({} if linger is None else {"fair_linger": linger}),
                    "backends": [{"name": f"sim-{i}", "url": u, "max_in_flight": slots}
                                 for i, u in enumerate(backends)]}],
         "models": [{"name": "chat", "pool": "shared", "backend_model": "sim-model"}],
@@ -358,7 +365,27 @@ def _row(scenario: str, tenant: str, t: Tenant, duration: float, total_tokens: i
         "ttft_p99_ms": pct(t.ttft, 0.99) * 1000,
         "output_tok_s": t.output_tokens / duration,
         "served_share": t.output_tokens / max(1, total_tokens),
+        **by_own_company(t.spans),
     }
+
+
+def by_own_company(spans: list[tuple[float, float | None, float]]) -> dict[str, float]:
+    """The tenant's requests split by whether another of its own was in flight when each was
+    sent: their share and TTFT p99. A tenant with nothing in flight holds no slot, so the
+    pool does not stagger the others for it (``fair_stagger`` acts while it holds slots)."""
+    sent = sorted(spans)
+    alone: list[float] = []
+    company: list[float] = []
+    for i, (t0, first, _) in enumerate(sent):
+        if first is None:
+            continue
+        busy = any(s < t0 < end for s, _, end in sent[max(0, i - 64):i])
+        (company if busy else alone).append(first - t0)
+    return {"sent_alone_share": len(alone) / max(1, len(alone) + len(company)),
+            "sent_alone_ttft_p50_ms": pct(alone, 0.5) * 1000,
+            "sent_alone_ttft_p99_ms": pct(alone, 0.99) * 1000,
+            "sent_with_own_ttft_p50_ms": pct(company, 0.5) * 1000,
+            "sent_with_own_ttft_p99_ms": pct(company, 0.99) * 1000}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -438,18 +465,21 @@ def main(argv: list[str] | None = None) -> int:
         plan_b = arrivals(rate_b, args.duration, args.seed)
         plan_a = arrivals(rate_a, args.duration, args.seed + 1)
         both = {"a": plan_a, "b": plan_b}
-        every = {"b-alone": (True, args.headroom, True, True, {"b": plan_b}),
-                 "fair": (True, args.headroom, True, True, both),
-                 "fair-no-stagger": (True, args.headroom, True, False, both),
-                 "fair-no-prefill-aware": (True, args.headroom, False, True, both),
-                 "fair-no-headroom": (True, 0, True, True, both),
-                 "fifo": (False, 0, True, True, both)}
+        # fair, fair_headroom, prefill_aware, fair_stagger, fair_linger (None: the default)
+        every = {"b-alone": (True, args.headroom, True, True, None, {"b": plan_b}),
+                 "fair": (True, args.headroom, True, True, None, both),
+                 "fair-no-linger": (True, args.headroom, True, True, 0.0, both),
+                 "fair-no-stagger": (True, args.headroom, True, False, None, both),
+                 "fair-no-prefill-aware": (True, args.headroom, False, True, None, both),
+                 "fair-no-headroom": (True, 0, True, True, None, both),
+                 "fifo": (False, 0, True, True, None, both)}
         for name in chosen:
             h = _headroom_of(name)
-            fair, headroom, aware, stagger, plan = (every[name] if h is None
-                                                    else (True, h, True, True, both))
+            fair, headroom, aware, stagger, linger, plan = (
+                every[name] if h is None else (True, h, True, True, None, both))
             time.sleep(2)  # the engines drain between scenarios
-            data = policy(urls, args.slots, fair, args.deadline, headroom, aware, stagger)
+            data = policy(urls, args.slots, fair, args.deadline, headroom, aware, stagger,
+                          linger)
             with Gateway(tmp, name, data, env) as gw:
                 print(f"[fairness-bench] {name}", file=sys.stderr, flush=True)
                 res, probes = split_loop(gw.url, plan, args.duration, args.prompt,
@@ -526,6 +556,13 @@ def summarise(rows: list[dict[str, Any]], capacity: float, args: argparse.Namesp
               f"- {'PASS' if a_fair['output_tok_s'] >= 0.9 * share_tok else 'FAIL'} A served "
               f"{a_fair['output_tok_s']:,.0f} output tok/s with fair queuing, its fair share is "
               f"{share_tok:,.0f} (half of capacity {capacity:.1f} req/s x {args.output})"]
+    for name in ("b-alone", "fair"):
+        row = by[(name, "b")]
+        lines.append(
+            f"- {name}: {100 * row['sent_alone_share']:.1f}% of B's requests were sent with "
+            f"none of B's in flight (TTFT p50 / p99 {row['sent_alone_ttft_p50_ms']:.0f} / "
+            f"{row['sent_alone_ttft_p99_ms']:.0f} ms; the rest "
+            f"{row['sent_with_own_ttft_p50_ms']:.0f} / {row['sent_with_own_ttft_p99_ms']:.0f})")
     leaked = {r["scenario"]: r["slots_held_after"] for r in rows if r.get("slots_held_after")}
     lines.append(f"- {'FAIL' if leaked else 'PASS'} no backend slot held once every client "
                  "was done" + (": " + ", ".join(f"{k} {v:.0f}" for k, v in leaked.items())

@@ -410,5 +410,6 @@ async def test_cancelled_waiter_gives_its_slot_back_to_its_tenant() -> None:
     ask.cancel()  # ... and leaves before it runs
     await asyncio.gather(ask, return_exceptions=True)
     assert pool.in_flight == 1
-    assert repr(pool._shares) == "<SlotShares [a: 1]>"
+    # B holds nothing: it lingers (``fair_linger``) with no slot counted
+    assert repr(pool._shares) == "<SlotShares [a: 1] lingering [b]>"
     await _cancel(flood)

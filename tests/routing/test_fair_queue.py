@@ -251,10 +251,39 @@ def test_slot_shares_weighted_among_the_flows_holding_slots() -> None:
     assert not s.below_share("b", 1.0, 8)  # 4 of 4
     assert s.below_share("c", 2.0, 8)  # 0 of 8 x 2/4
     for _ in range(4):
-        s.give_back("b")
-    s.give_back("b")  # one too many: nothing held, nothing changes
+        s.give_back("b", 0.0)
+    s.give_back("b", 0.0)  # one too many: nothing held, nothing changes
     assert s.held("b") == 0 and repr(s) == "<SlotShares [a: 8]>"
     assert not s.below_share("a", 1.0, 8)
     for _ in range(8):
-        s.give_back("a")
+        s.give_back("a", 0.0)
+    assert repr(s) == "<SlotShares []>" and s._weights == 0.0
+
+
+def test_a_flow_lingers_after_its_last_slot() -> None:
+    """With ``linger``, a flow that gave back its last slot still counts among those sharing
+    the pool until ``linger`` seconds later: the others' shares stay split with it (so a
+    flood stays paced across a light tenant's gap between requests), and it is below its
+    own share; taking a slot again ends the linger, and expiry leaves it out."""
+    s = SlotShares(linger=2.0)
+    for _ in range(8):
+        s.take("a", 1.0)
+    s.take("b", 1.0)
+    s.give_back("b", 100.0)
+    assert s.held("b") == 0 and repr(s) == "<SlotShares [a: 8] lingering [b]>"
+    assert s.others("a") and s.others("b")
+    assert not s.below_share("a", 1.0, 8)  # 8 of 8 x 1/2
+    assert s.below_share("b", 1.0, 8)
+    s.expire(101.9)  # still within its linger
+    assert s.others("a")
+    s.take("b", 1.0)  # back before it ended: held again, counted once
+    s.give_back("b", 102.0)
+    s.expire(103.9)
+    assert s.others("a")  # the linger restarted at its last give-back
+    s.expire(104.0)
+    assert not s.others("a") and repr(s) == "<SlotShares [a: 8]>"
+    for _ in range(8):
+        s.give_back("a", 105.0)
+    assert repr(s) == "<SlotShares [] lingering [a]>"
+    s.expire(107.0)
     assert repr(s) == "<SlotShares []>" and s._weights == 0.0

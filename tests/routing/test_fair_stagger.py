@@ -104,3 +104,51 @@ async def test_never_when_off_nor_for_a_tenant_alone() -> None:
         pool.release(backend, "a")
         await _settle()
         assert waiting.done() and waiting.result() is backend, kw
+
+
+async def test_the_flood_stays_staggered_while_a_light_tenant_lingers() -> None:
+    """B's last request ended: for ``fair_linger`` seconds B still counts as sharing the pool,
+    so A's freed slot waits for A's pending burst as if B held slots (its next request then
+    finds one backend clear); with ``fair_linger: 0`` A is alone at once and takes it."""
+    for linger, held_back in ((30.0, True), (0.0, False)):
+        pool = _pool(fair_linger=linger)
+        full, shared = await _fill(pool)
+        waiting = _waiter(pool, "a")
+        await _settle()
+        started = time.monotonic()
+        pool.prefill_started(full, "a", started)  # A's burst pending there, its window closed
+        pool._burst = (full, started - 1.0)
+        pool.release(shared, "b")  # B's last request ends: a slot frees beside A's burst
+        await _settle()
+        assert waiting.done() is not held_back, linger
+        if held_back:
+            pool.prefill_ended(full, "a", started)  # the burst's first chunk: the slot goes
+            await _settle()
+            assert waiting.done() and waiting.result() is shared
+
+
+async def test_a_lingering_tenant_stops_counting_when_its_linger_ends() -> None:
+    pool = _pool(fair_linger=0.5)
+    full, shared = await _fill(pool)
+    now = time.monotonic()
+    pool.prefill_started(full, "a", now)
+    pool._burst = (full, now - 1.0)
+    pool.release(shared, "b")
+    assert pool.try_pick(now + 0.25, tenant="a") is None  # B lingers: A waits for its burst
+    assert pool.try_pick(now + 1.0, tenant="a") is shared  # B gone: A alone, not staggered
+
+
+async def test_a_slot_held_for_a_hand_over_goes_once_that_request_is_sent() -> None:
+    """A slot held back because a waiter was handed a backend goes as soon as that waiter
+    runs, when its request is not streamed (no first chunk will be counted to release it)."""
+    pool = _pool()
+    full, shared = await _fill(pool)  # A 3, B 1: A at or above its share, paced
+    first, second = _waiter(pool, "a"), _waiter(pool, "a")
+    await _settle()
+    pool.release(full, "a")  # a burst begins on A's backend: handed to the first waiter
+    pool._burst = (full, time.monotonic() - 1.0)  # and its window closes at once
+    pool.release(shared, "a")  # the other backend's slot: held for the hand-over
+    assert first.done() or not second.done()
+    await _settle()  # the first waiter runs (not streamed: no prefill is counted)
+    assert first.done() and first.result() is full
+    assert second.done() and second.result() is shared
