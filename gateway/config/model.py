@@ -224,11 +224,11 @@ class Pool(_Base, frozen=True):
     #: always clear of the floods' prefills for a light tenant's next request (a freed slot
     #: waits for a first chunk, one prefill's time, at most); false: a freed slot goes at once
     fair_stagger: bool = True
-    #: with ``fair_stagger``: seconds a tenant still counts as sharing the pool after its last
-    #: request ended, so the floods stay staggered across a light tenant's gaps between
-    #: requests (an interactive tenant at a few requests a second holds nothing for a moment
-    #: every few seconds, and its next request would find the floods' prefills on every
-    #: backend); 0: only while it holds slots
+    #: with ``fair_stagger`` (no effect without it): seconds a tenant still counts as sharing
+    #: the pool after its last request ended, so the floods stay staggered across a light
+    #: tenant's gaps between requests (an interactive tenant at a few requests a second holds
+    #: nothing for a moment every few seconds, and its next request would find the floods'
+    #: prefills on every backend); 0: only while it holds slots
     fair_linger: Annotated[float, msgspec.Meta(ge=0, le=60)] = 2.0
     #: ``least_loaded`` (and ``prefix`` when no backend holds the prompt's prefix): of the two
     #: backends compared, the one with fewer streamed requests awaiting their first chunk wins

@@ -104,13 +104,13 @@ class PoolState:
         self._queue: FairQueue[_Waiter] = FairQueue()
         #: slots above each backend's max_in_flight for tenants below their share (fair only)
         self.fair_headroom = config.fair_headroom if config.fair else 0
-        #: slots held per tenant (counted while fair_headroom > 0), a tenant counted among those
-        #: sharing the pool for ``fair_linger`` seconds after its last slot
-        self._shares = SlotShares(config.fair_linger)
-        #: requests started on the headroom since the metrics last took the count
-        self.headroom_started = 0
         #: ``fair_stagger``: see :meth:`_staggered`
         self.fair_stagger = bool(self.fair_headroom) and config.fair_stagger
+        #: slots held per tenant (counted while fair_headroom > 0); with the stagger, a tenant
+        #: counts among those sharing the pool for ``fair_linger`` seconds after its last slot
+        self._shares = SlotShares(config.fair_linger if self.fair_stagger else 0.0)
+        #: requests started on the headroom since the metrics last took the count
+        self.headroom_started = 0
         #: per backend, per tenant: streamed requests awaiting their first chunk, and backends
         #: handed to waiters whose tasks have not yet resumed (kept with ``fair_stagger``)
         self._pending: dict[BackendState, dict[str, int]] = {}
@@ -455,7 +455,8 @@ class PoolState:
 
     def below_share(self, tenant: str, weight: float, now: float) -> bool:
         """May ``tenant`` take a headroom slot: does it hold fewer slots than its weighted share
-        of the capacity, among the tenants holding slots? Never without ``fair_headroom``."""
+        of the capacity, among the tenants sharing the pool (holding slots, or within their
+        ``fair_linger``)? Never without ``fair_headroom``."""
         if not self.fair_headroom:
             return False
         self._shares.expire(now)

@@ -35,7 +35,9 @@ the first request). B's requests come from a client process of their own, starte
 same instant as A's (``--one-client``: one process for both, whose event loop then also
 parses A's ~750 chunks a second while it times B's first chunks). Arrivals are Poisson,
 seeded, the same in every scenario. Reported per tenant: requests, the share answered 200,
-TTFT p50/p99 of those, and output tokens served per second. The targets (issue #18): B's TTFT
+TTFT p50/p99 of those, and output tokens served per second; and B's requests split by
+whether another of B's was in flight when each was sent (with none, B holds no slot: the
+case ``fair_linger`` is for). The targets (issue #18): B's TTFT
 p99 under ``fair`` within 1.3x of ``b-alone`` (the p95 ratio is printed beside it: a p99 of a
 few hundred requests is their few slowest, and moves between runs by more than most changes
 do), and A still served at least its fair share; and a check that, once every client is done,
