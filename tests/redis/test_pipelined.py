@@ -19,8 +19,10 @@ from tests.redis_servers import RedisProc
 
 @pytest.fixture
 async def client(redis_proc: RedisProc) -> AsyncIterator[PipelinedRedis]:
-    """A lean client on the session's redis-server, closed after the test."""
-    client = PipelinedRedis.from_url(redis_proc.url)
+    """A lean client on the session's redis-server, closed after the test. Its connect bound
+    is generous: these tests are about replies, and a loaded box can take more than the
+    production default (0.2 s) to connect and select (the connect timeout has its own tests)."""
+    client = PipelinedRedis.from_url(redis_proc.url, connect_timeout=5.0)
     yield client
     await client.aclose()
 
