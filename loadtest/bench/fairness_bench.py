@@ -373,16 +373,15 @@ def _row(scenario: str, tenant: str, t: Tenant, duration: float, total_tokens: i
 
 def by_own_company(spans: list[tuple[float, float | None, float]]) -> dict[str, float]:
     """The tenant's requests split by whether another of its own was in flight when each was
-    sent: their share and TTFT p99. A tenant with nothing in flight holds no slot, so the
-    pool does not stagger the others for it (``fair_stagger`` acts while it holds slots)."""
-    sent = sorted(spans)
+    sent: their share and TTFT p50 / p99. A tenant with nothing in flight holds no slot; the
+    pool keeps staggering the others for it only within its ``fair_linger``."""
     alone: list[float] = []
     company: list[float] = []
-    for i, (t0, first, _) in enumerate(sent):
-        if first is None:
-            continue
-        busy = any(s < t0 < end for s, _, end in sent[max(0, i - 64):i])
-        (company if busy else alone).append(first - t0)
+    latest = float("-inf")  # the latest end of the requests sent before this one
+    for t0, first, end in sorted(spans):
+        if first is not None:
+            (company if latest > t0 else alone).append(first - t0)
+        latest = max(latest, end)
     return {"sent_alone_share": len(alone) / max(1, len(alone) + len(company)),
             "sent_alone_ttft_p50_ms": pct(alone, 0.5) * 1000,
             "sent_alone_ttft_p99_ms": pct(alone, 0.99) * 1000,
