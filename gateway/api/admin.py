@@ -15,21 +15,24 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from litestar import Request, Response, get, post
 
+from gateway.api.audit import KEEP
 from gateway.auth.manage import KeyAdminError, create_key, parse_expiry, public_view
 from gateway.errors import AuthenticationFailed, InvalidRequest, RouteNotFound
 from gateway.http.asgi import get_header
 from gateway.request.parse import decode_object
 
 if TYPE_CHECKING:
+    from gateway.api.audit import AdminAudit, Auth
     from gateway.app.state import Gateway
     from gateway.auth.keystore import KeyStore
     from gateway.errors import GatewayError
     from gateway.types import Scope
 
-__all__ = ["ADMIN_PREFIX", "ADMIN_TOKEN_ENV", "admin_gate", "admin_handlers", "is_admin_path",
-]
+__all__ = ["ADMIN_PREFIX", "ADMIN_TOKEN_ENV", "admin_gate", "admin_handlers",
+           "is_admin_credential", "is_admin_path"]
 
 ADMIN_TOKEN_ENV = "GATEWAY_ADMIN_TOKEN"
 ADMIN_PREFIX = "/admin"
@@ -38,28 +41,45 @@ _log = logging.getLogger("gateway.admin")
 
 
 def is_admin_path(path: str) -> bool:
-    """``/admin`` and everything under it (not ``/administrator``)."""
-    return path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/")
+    """``/admin`` and everything under it (not ``/administrator``), in any letter case.
+
+    ``path`` is the canonical path (:mod:`gateway.http.canonical`). The router matches case
+    exactly, so ``/ADMIN/keys`` reaches no handler; gating it anyway costs nothing and keeps
+    the gate wider than the router, never narrower.
+    """
+    lowered = path.lower()
+    return lowered == ADMIN_PREFIX or lowered.startswith(ADMIN_PREFIX + "/")
 
 
-def admin_gate(scope: Scope) -> GatewayError | None:
-    """The error an admin request gets before anything else looks at it, or None to let it in.
+def admin_gate(scope: Scope, path: str) -> tuple[Auth, GatewayError | None]:
+    """How an admin request authenticated, and the error it gets before anything else looks
+    at it (None to let it in).
 
     No token configured: 404, the same answer as an unknown route, whatever the method,
     parameters or body. A token configured but not sent exactly: 401.
     """
     token = os.environ.get(ADMIN_TOKEN_ENV)
     if not token:
-        return RouteNotFound(f"Unknown route: {scope.get('method', '')} {scope['path']}")
-    sent = get_header(scope, b"authorization") or b""
-    if not hmac.compare_digest(sent, f"Bearer {token}".encode()):
-        _log.warning("admin call to %s refused: bad credential", scope["path"])
-        return AuthenticationFailed("Invalid admin credential.")
-    return None
+        return "disabled", RouteNotFound(f"Unknown route: {scope.get('method', '')} {path}")
+    sent = get_header(scope, b"authorization")
+    if sent is None:
+        return "none", AuthenticationFailed("Invalid admin credential.")
+    if not is_admin_credential(sent):
+        return "bad", AuthenticationFailed("Invalid admin credential.")
+    return "token", None
 
 
-def admin_handlers(gateway: Gateway) -> list[Any]:
-    """Route handlers of the admin API, bound to one gateway."""
+def is_admin_credential(sent: bytes | None) -> bool:
+    """Whether an ``Authorization`` header value is exactly the configured admin token (False
+    when none is configured)."""
+    token = os.environ.get(ADMIN_TOKEN_ENV)
+    if not token or sent is None:
+        return False
+    return hmac.compare_digest(sent, f"Bearer {token}".encode())
+
+
+def admin_handlers(gateway: Gateway, audit_log: AdminAudit) -> list[Any]:
+    """Route handlers of the admin API, bound to one gateway and its audit log."""
 
     @post("/admin/reload", status_code=200)
     async def reload() -> Response[dict[str, Any]]:
@@ -128,7 +148,14 @@ def admin_handlers(gateway: Gateway) -> list[Any]:
         _log.info("admin: key %s of tenant %s revoked", record.id, record.tenant)
         return public_view(record)
 
-    return [reload, stats, create, list_keys, revoke]
+    @get("/admin/audit")
+    async def audit(limit: int = 100) -> list[dict[str, Any]]:
+        """This worker's latest admin requests, newest first (the log has every worker's)."""
+        if not 1 <= limit <= KEEP:
+            raise InvalidRequest(f"'limit' must be between 1 and {KEEP}", param="limit")
+        return [msgspec.structs.asdict(e) for e in audit_log.recent(limit)]
+
+    return [reload, stats, create, list_keys, revoke, audit]
 
 
 def _store(gateway: Gateway) -> KeyStore:

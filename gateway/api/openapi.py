@@ -17,8 +17,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from litestar import Response, get
+from litestar import Request, Response, get
 
+from gateway.api.admin import is_admin_credential
 from gateway.request.parse import ENDPOINTS, MAX_DEPTH
 
 if TYPE_CHECKING:
@@ -40,8 +41,9 @@ _STATUS = {
     "400": "Invalid request: bad JSON, wrong types, missing fields, nesting deeper than "
            f"{MAX_DEPTH} levels, a repeated top-level key",
     "401": "Missing, malformed or unknown credential",
-    "404": "Unknown object, model or route (every /admin route while no admin token is set)",
+    "404": "Unknown object, model or route",
     "405": "Wrong method",
+    "409": "The action does not apply in the current state",
     "413": "Body over the limit",
     "422": "The new policy is invalid; the old one is kept",
     "429": "A quota or the backend said slow down (Retry-After)",
@@ -308,6 +310,24 @@ def _admin_paths() -> dict[str, Any]:
                 _param("tenant", "query", _STR, required=True),
                 _param("day", "query", _STR, required=True, description="YYYY-MM-DD")],
             op_id="adminUsageReconcile")},
+        "/admin/audit": {"get": _op("This worker's latest admin requests, newest first", {
+            "200": _ok("Audit entries", schema={"type": "array"}), **admin}, _ADMIN,
+            params=[_param("limit", "query", {"type": "integer", "minimum": 1,
+                                              "maximum": 1000})], op_id="adminAudit")},
+        "/admin/rollouts": {"get": _op("Every progressive rollout and its state", {
+            "200": _ok("Rollouts", schema={"type": "array"}), **admin, **_errors("503")},
+            _ADMIN, op_id="adminRollouts")},
+        "/admin/rollouts/{model}": {"get": _op("One model's rollout", {
+            "200": _ok("The rollout"), **admin, **_errors("503")}, _ADMIN,
+            params=[_param("model", "path", _STR)], op_id="adminRollout")},
+        "/admin/rollouts/{model}/{action}": {"post": _op(
+            "Act on a rollout (pause, resume, promote, rollback, ...)", {
+                "200": _ok("The rollout"), **admin, **_errors("409", "503")}, _ADMIN,
+            params=[_param("model", "path", _STR), _param("action", "path", _STR)],
+            op_id="adminRolloutAction")},
+        "/admin/shadow/{model}": {"get": _op("Shadow traffic's comparisons for a model", {
+            "200": _ok("The comparison summary"), **admin}, _ADMIN,
+            params=[_param("model", "path", _STR)], op_id="adminShadow")},
     }
 
 
@@ -325,8 +345,10 @@ def _ops_paths() -> dict[str, Any]:
     }
 
 
-def openapi_document(policy: Policy) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of a gateway serving ``policy``."""
+def openapi_document(policy: Policy, *, admin: bool = False) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of a gateway serving ``policy``: the admin API only with
+    ``admin`` (the document served to a caller with the admin token), since the routes and
+    parameters of an API are a map for whoever probes it."""
     models = [m.name for m in policy.models]
     error = {"type": "object", "required": ["error"], "properties": {"error": {
         "type": "object", "required": ["message", "type", "param", "code"],
@@ -338,33 +360,38 @@ def openapi_document(policy: Policy) -> dict[str, Any]:
                                 f"backends. Request bodies up to "
                                 f"{policy.server.max_body_bytes} bytes, nesting at most "
                                 f"{MAX_DEPTH} levels, each top-level key once."},
-        "paths": {**_proxy_paths(models), **_v1_paths(), **_admin_paths(), **_ops_paths()},
+        "paths": {**_proxy_paths(models), **_v1_paths(),
+                  **(_admin_paths() if admin else {}), **_ops_paths()},
         "components": {
             "schemas": {"Error": error},
             "securitySchemes": {
                 "apiKey": {"type": "http", "scheme": "bearer",
                            "description": "a static or managed API key (sk-gw-...)"},
-                "adminToken": {"type": "http", "scheme": "bearer",
-                               "description": "$GATEWAY_ADMIN_TOKEN"},
+                **({"adminToken": {"type": "http", "scheme": "bearer",
+                                   "description": "$GATEWAY_ADMIN_TOKEN"}} if admin else {}),
             },
         },
     }
 
 
-def openapi_bytes(policy: Policy) -> bytes:
+def openapi_bytes(policy: Policy, *, admin: bool = False) -> bytes:
     """The document encoded as JSON (build it once per policy, not per request)."""
-    return msgspec.json.encode(openapi_document(policy))
+    return msgspec.json.encode(openapi_document(policy, admin=admin))
 
 
 def openapi_handlers(current: Callable[[], Runtime]) -> list[Any]:
-    """``GET /openapi.json``, re-encoded only when a reload changed the policy."""
-    built: list[Any] = [None, b""]  # the policy it was built for (kept alive), its bytes
+    """``GET /openapi.json``, re-encoded only when a reload changed the policy; the admin
+    routes are in it only for a caller that sends the admin token."""
+    # the policy it was built for (kept alive), the public bytes, the admin bytes
+    built: list[Any] = [None, b"", b""]
 
     @get("/openapi.json", sync_to_thread=False)
-    def openapi() -> Response[bytes]:
+    def openapi(request: Request[Any, Any, Any]) -> Response[bytes]:
         policy = current().policy
         if built[0] is not policy:
-            built[:] = [policy, openapi_bytes(policy)]
-        return Response(built[1], media_type=_JSON)
+            built[:] = [policy, openapi_bytes(policy), openapi_bytes(policy, admin=True)]
+        sent = request.headers.get("authorization")
+        admin = is_admin_credential(sent.encode("latin-1") if sent is not None else None)
+        return Response(built[2] if admin else built[1], media_type=_JSON)
 
     return [openapi]

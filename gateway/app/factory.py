@@ -21,6 +21,7 @@ from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 
 from gateway.api.admin import admin_gate, admin_handlers, is_admin_path
+from gateway.api.audit import AdminAudit
 from gateway.api.batches import batch_handlers
 from gateway.api.count_tokens import CountTokensHandler
 from gateway.api.files import file_handlers
@@ -39,11 +40,13 @@ from gateway.context import new_request_id
 from gateway.errors import (
     AuthenticationFailed,
     GatewayError,
+    InvalidRequest,
     MethodNotAllowed,
     RouteNotFound,
     error_body,
 )
 from gateway.http.asgi import send_error
+from gateway.http.canonical import BadPath, canonical_path, encode_path
 from gateway.request.parse import ENDPOINTS
 
 if TYPE_CHECKING:
@@ -141,10 +144,17 @@ class GatewayApp(Litestar):
     fast_routes: dict[str, ASGIApp]
     #: (path prefix, handler): served before the framework too, for a path under the prefix
     prefix_routes: tuple[tuple[str, ASGIApp], ...] = ()
+    audit: AdminAudit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
         if scope["type"] == "http":
-            path = scope["path"]
+            try:
+                path = _canonicalise(scope)
+            except BadPath as exc:
+                await send_error(send, InvalidRequest(f"Invalid request path: {exc}.",
+                                                      code="invalid_path"),
+                                 [(b"x-request-id", new_request_id().encode())])
+                return
             handler = self.fast_routes.get(path)
             if handler is not None:
                 await handler(scope, receive, send)  # answers its own errors, 500 included
@@ -154,12 +164,41 @@ class GatewayApp(Litestar):
                     await handler(scope, receive, send)
                     return
             if is_admin_path(path):  # one gate for the whole admin tree, before routing
-                refused = admin_gate(scope)
-                if refused is not None:
-                    await send_error(send, refused, [(b"x-request-id",
-                                                      new_request_id().encode())])
-                    return
+                await self._admin(scope, receive, send, path)
+                return
         await super().__call__(scope, receive, send)  # type: ignore[arg-type]
+
+    async def _admin(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        """Gate an admin request, serve it if let in, and audit it either way."""
+        auth, refused = admin_gate(scope, path)
+        if refused is not None:
+            await send_error(send, refused, [(b"x-request-id", new_request_id().encode())])
+            self.audit.record(scope, path, auth, refused.status)
+            return
+        watched, status = self.audit.watch(scope, path, auth, send)
+        try:
+            await super().__call__(scope, receive, watched)  # type: ignore[arg-type]
+        finally:
+            self.audit.record(scope, path, auth, status[0] or 500)
+
+
+def _canonicalise(scope: Scope) -> str:
+    """The canonical path of the request, relative to ``root_path``, written back into the
+    scope (``path`` and ``raw_path``) so the router and every handler read the same one.
+
+    Raises :class:`BadPath` for a path that does not canonicalise cleanly.
+    """
+    root = scope.get("root_path", "")
+    raw = scope.get("raw_path")
+    if raw is None:  # a server that gives no raw path: its decoded one, minus the root path
+        full: str = scope["path"]
+        raw = encode_path(full[len(root):] if root and full.startswith(root) else full)
+    path = canonical_path(raw)
+    full = root + path
+    if scope["path"] != full or raw.partition(b"?")[0] != path.encode():
+        scope["path"] = full
+        scope["raw_path"] = encode_path(path)
+    return path
 
 
 def _reload_on_sighup(gateway: Gateway) -> None:
@@ -193,6 +232,7 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
         finally:
             await gateway.close()
 
+    audit = AdminAudit()
     handlers: list[Any] = []
     fast_routes: dict[str, ASGIApp] = {}
     proxies: dict[str, ProxyHandler] = {}
@@ -240,7 +280,7 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
         body, content_type = gateway.metrics.render()
         return Response(body, media_type=content_type)
 
-    handlers += [healthz, readyz, metrics, *admin_handlers(gateway),
+    handlers += [healthz, readyz, metrics, *admin_handlers(gateway, audit),
                  *usage_handlers(current, gateway.ledger), *openapi_handlers(current),
                  *shadow_handlers(current, gateway.mirror.comparisons),
                  *rollout_handlers(gateway.rollouts)]
@@ -259,6 +299,7 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
     )
     app.state.gateway = gateway
     app.fast_routes = fast_routes
+    app.audit = audit
     # stored responses (Responses API): retrieve, delete, input items; dispatched by prefix,
     # since /v1/responses itself is a proxied route (no framework mount can sit on it)
     app.prefix_routes = ((STORED_PREFIX, StoredResponsesHandler(current, gateway.responses)),)

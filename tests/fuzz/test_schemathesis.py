@@ -73,11 +73,12 @@ def gw(sim: SimServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gat
 
 def _document(gw: GatewayProcess) -> dict[str, Any]:
     """The document the gateway serves, checked against the one its module builds."""
-    served = httpx.get(gw.url + "/openapi.json", timeout=10)
+    served = httpx.get(gw.url + "/openapi.json", timeout=10,
+                       headers={"Authorization": f"Bearer {TEST_KEY}"})  # the admin token
     assert served.status_code == 200
     assert served.headers["content-type"].startswith("application/json")
     doc: dict[str, Any] = served.json()
-    assert doc == openapi_document(load_policy(str(gw.config)))
+    assert doc == openapi_document(load_policy(str(gw.config)), admin=True)
     return doc
 
 
