@@ -19,6 +19,7 @@ from gateway.auth import StaticKeys
 from gateway.auth.resolver import KeyResolver
 from gateway.config import key_hashes
 from gateway.quota.admission import scopes_for
+from gateway.quota.calls import CallLimiter
 from gateway.routing.router import Router
 
 if TYPE_CHECKING:
@@ -66,6 +67,10 @@ class Runtime:
         self.timeouts = {
             c.name: c.timeouts or policy.server.timeouts for c in policy.classes
         }
+        #: the per-key limit of the utility routes (count_tokens, stored reads, usage): its
+        #: buckets carry over a reload, so a reload does not refill them
+        self.calls: CallLimiter = CallLimiter(policy.server.call_limits,
+                                 previous.calls if previous is not None else None)
         self.prices = PriceTable.from_mapping(_without_none(msgspec.to_builtins(policy.prices)))
 
     def scopes(

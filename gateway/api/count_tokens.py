@@ -2,7 +2,10 @@
 
 Answered from the gateway's own tokenizer over the request's chat translation (what admission
 and accounting count), without calling a backend: authenticated like every route, bounded by
-``server.max_body_bytes``, errors in Anthropic's shape.
+``server.max_body_bytes`` before anything is decoded, counted on the counting thread when the
+body is large (as the proxy counts: a long run without spaces takes seconds to tokenise, and
+must not stall the other clients of the worker), rate-limited per key by
+``server.call_limits`` (a 429 with the ``x-ratelimit-*`` headers), errors in Anthropic's shape.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from gateway.accounting.offload import OFFLOAD_BYTES, off_loop
 from gateway.apis.messages import MessagesFrontend, count_tokens
 from gateway.apis.registry import send_api_error
 from gateway.context import new_request_id
@@ -22,10 +26,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gateway.accounting import PromptCounter
+    from gateway.auth.resolver import Identity
     from gateway.runtime import Runtime
     from gateway.types import Receive, Scope, Send
 
-__all__ = ["CountTokensHandler"]
+__all__ = ["CountTokensHandler", "caller"]
 
 _FRONTEND = MessagesFrontend()
 
@@ -49,7 +54,8 @@ class CountTokensHandler:
             key = header_value(scope["headers"], b"x-api-key")
             if auth is None and key is not None:
                 auth = b"Bearer " + key
-            await runtime.resolver.authenticate(auth)
+            identity = await runtime.resolver.authenticate(auth)
+            headers += runtime.calls.take(caller(scope, identity))
             body = await read_body(scope, receive, runtime.policy.server.max_body_bytes)
             if not body:
                 raise InvalidRequest("request body is empty; expected a JSON object")
@@ -61,7 +67,19 @@ class CountTokensHandler:
             if model is None:
                 raise ModelNotFound(f"The model '{clip(name)}' does not exist.", param="model")
             counter = self.counter(model.encoding)
-            answer = count_tokens(payload, lambda chat: counter.count_chat(chat).total)
+            def count() -> dict[str, int]:
+                return count_tokens(payload, lambda chat: counter.count_chat(chat).total)
+
+            answer = await off_loop(count) if len(body) > OFFLOAD_BYTES else count()
             await send_json(send, 200, msgspec.json.encode(answer), headers)
         except GatewayError as exc:
             await send_api_error(send, _FRONTEND, exc, headers)
+
+
+def caller(scope: Scope, identity: Identity | None) -> str:
+    """Whom a utility route's call limit counts: the key, or an anonymous caller's address
+    (only where the policy lets callers without a key in)."""
+    if identity is not None:
+        return identity.key_id
+    client = scope.get("client")
+    return f"anonymous:{client[0] if client else '-'}"

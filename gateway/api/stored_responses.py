@@ -4,7 +4,8 @@ The stored responses of the Responses API (``store: true``, the default), for th
 tenant only: another tenant's id is a 404 exactly like a missing or expired one. Authenticated
 like every route (``Authorization: Bearer``), errors in OpenAI's shape. ``input_items`` pages
 the items the client sent in that request (``limit`` 1-100, default 20; ``order`` asc / desc,
-default desc; ``after`` / ``before`` an item id), as OpenAI does.
+default desc; ``after`` / ``before`` an item id), as OpenAI does. Each call decodes a stored
+conversation, so the routes share the per-key ``server.call_limits`` of the utility routes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from urllib.parse import parse_qsl, unquote
 
 import msgspec
 
+from gateway.api.count_tokens import caller
 from gateway.apis.responses import input_items
 from gateway.apis.responses.store import StoreUnavailable, find, not_found
 from gateway.context import new_request_id
@@ -99,8 +101,9 @@ class StoredResponsesHandler:
                 raise MethodNotAllowed(f"method {method} is not allowed here; use "
                                        f"{' or '.join(a for a in allowed if a != 'HEAD')}",
                                        headers={"Allow": ", ".join(allowed)})
-            identity = await self.current().resolver.authenticate(
-                get_header(scope, b"authorization"))
+            runtime = self.current()
+            identity = await runtime.resolver.authenticate(get_header(scope, b"authorization"))
+            headers += runtime.calls.take(caller(scope, identity))
             tenant = identity.tenant if identity is not None else "anonymous"
             if method == "DELETE":
                 await self._delete(tenant, response_id)

@@ -131,6 +131,7 @@ def usage_handlers(current: Callable[[], Runtime], ledger: SqlLedger) -> list[An
         identity = await current().resolver.authenticate(header.encode() if header else None)
         if identity is None:  # usage belongs to a tenant: anonymous callers have none
             raise AuthenticationFailed(INVALID_KEY)
+        current().calls.take(identity.key_id)  # a query scans rollups: the per-key call limit
         return await rows(request, identity.tenant, DEFAULT_GROUP_BY)
 
     @get("/admin/usage")

@@ -19,6 +19,7 @@ __all__ = [
     "Backend",
     "Batch",
     "Borrow",
+    "CallLimits",
     "ClientLimits",
     "Health",
     "Lend",
@@ -548,6 +549,21 @@ class ClientLimits(_Base, frozen=True):
     body_timeout: PositiveFloat = 60.0
 
 
+class CallLimits(_Base, frozen=True):
+    """The per-key limit of the routes that work per call but are not inference (token
+    counting, stored-response reads, usage queries): a token bucket per key and worker."""
+
+    #: calls per minute per key and worker process (``null``: no limit)
+    rpm: PositiveInt | None = 300
+    #: calls a key may make at once before the per-minute rate applies (``null``: ``rpm``)
+    burst: PositiveInt | None = None
+
+    @property
+    def bucket(self) -> int:
+        """The bucket's size: ``burst``, or a minute's worth of calls."""
+        return self.burst or self.rpm or 1
+
+
 class Server(_Base, frozen=True):
     """Limits of the HTTP edge and the upstream hop."""
 
@@ -569,6 +585,8 @@ class Server(_Base, frozen=True):
     #: the HTTP/1.1 server protocol under uvicorn: the gateway's lean one, or uvicorn's own
     #: httptools protocol (``uvicorn``); uvicorn runs the sockets, workers and drain either way
     http_protocol: Literal["native", "uvicorn"] = "native"
+    #: the per-key limit of count_tokens, stored-response reads and usage queries
+    call_limits: CallLimits = msgspec.field(default_factory=CallLimits)
 
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
