@@ -62,6 +62,7 @@ from gateway.quota.admit import Admitted, admit
 from gateway.request.parse import ENDPOINTS, parse_request
 from gateway.routing.classes import UnknownClass, resolve_class
 from gateway.routing.conversation import SESSION_HEADER
+from gateway.upstream.cache_isolation import isolate_body
 from gateway.upstream.forward import forward, release
 from gateway.upstream.outbound import outbound_headers
 from gateway.upstream.relay import relay_response
@@ -278,8 +279,12 @@ class Pipeline:
             # 4. route
             router = runtime.router
             session = header_value(inbound.headers, SESSION_HEADER)
-            route = router.route_request(model, ctx.request_class or "", ctx.key_id,
-                                         parsed.payload, session)
+            # the tenant's prompt-cache salt: the prefix index and the engines keep tenants
+            # apart by it (``upstream/cache_isolation.py``)
+            salt = runtime.cache_salts.salt(ctx.tenant)
+            route = router.route_request(
+                model, ctx.request_class or "", ctx.key_id, parsed.payload, session,
+                salt if runtime.cache_mode(model.pool) != "shared" else None)
             route.tenant, route.weight = ctx.tenant or "", _weight(runtime, ctx.tenant)
             route.prompt_tokens = _route_tokens(admitted, size)
             route.tokens = route.prompt_tokens + _output(model, parsed)
@@ -296,6 +301,7 @@ class Pipeline:
                     lambda: _prompt_tokens(admitted, counter, parsed))
                 path, body, scanner, shape = plan.path, plan.body, plan.scanner, plan.shape
                 renamer = None
+            body = isolate_body(body, runtime.cache_mode(route.pool.name), salt)
             keep = None if frontend is None else keeper(
                 services.responses, frontend, parsed, plan, ctx.tenant or "",
                 runtime.policy.store.responses_ttl_hours)  # a stored response's save
@@ -304,7 +310,8 @@ class Pipeline:
             if model.shadow is not None:
                 shadowed = services.mirror.start(
                     router, model.shadow, CHAT_PATH if frontend else path, parsed.payload,
-                    headers, ctx, _record_content(runtime, ctx))
+                    headers, ctx, _record_content(runtime, ctx),
+                    lambda pool, mirrored: isolate_body(mirrored, runtime.cache_mode(pool), salt))
                 if shadowed is not None and scanner is not None:
                     scanner = shadowed.tap(scanner)
             # 6. forward (retries before the first byte) and relay

@@ -16,6 +16,7 @@ import msgspec
 
 from gateway.accounting import PriceTable
 from gateway.auth import StaticKeys
+from gateway.auth.cache_salt import CacheSalts, load_secret
 from gateway.auth.resolver import KeyResolver
 from gateway.config import key_hashes
 from gateway.quota.admission import scopes_for
@@ -25,6 +26,7 @@ from gateway.routing.router import Router
 if TYPE_CHECKING:
     from gateway.auth.keystore import KeyStore
     from gateway.config import Alerts, ApiKey, Model, Organization, Plan, Policy, Team, Tenant
+    from gateway.config.model import CacheIsolation
     from gateway.quota import Scope
 
 __all__ = ["Runtime"]
@@ -71,6 +73,10 @@ class Runtime:
         #: buckets carry over a reload, so a reload does not refill them
         self.calls: CallLimiter = CallLimiter(policy.server.call_limits,
                                  previous.calls if previous is not None else None)
+        #: each tenant's prompt-cache salt (``isolation``); the secret carries over a reload
+        self.cache_salts: CacheSalts = CacheSalts(
+            policy, previous.cache_salts.secret if previous is not None
+            else (lambda: load_secret(policy)))
         self.prices = PriceTable.from_mapping(_without_none(msgspec.to_builtins(policy.prices)))
 
     def scopes(
@@ -93,6 +99,11 @@ class Runtime:
                 self._scopes.clear()
             self._scopes[cache_key] = scopes
         return scopes
+
+    def cache_mode(self, pool: str) -> CacheIsolation:
+        """How the engines of ``pool`` keep tenants apart in their prompt caches."""
+        config = self.router.pools[pool].config
+        return config.cache_isolation or self.policy.isolation.cache
 
     def placement(self, tenant: str | None) -> tuple[str | None, str | None]:
         """The (team, organization) a tenant belongs to; (None, None) outside any."""

@@ -19,9 +19,11 @@ __all__ = [
     "Backend",
     "Batch",
     "Borrow",
+    "CacheIsolation",
     "CallLimits",
     "ClientLimits",
     "Health",
+    "Isolation",
     "Lend",
     "LimitSet",
     "Model",
@@ -186,6 +188,32 @@ class PrefixRouting(_Base, frozen=True):
     bounded_load: Annotated[float, msgspec.Meta(ge=1)] = 1.25
 
 
+#: ``salt``: the gateway sends each request a ``cache_salt`` of its tenant (vLLM, SGLang: a
+#: prompt hits only the cache blocks of its own salt); ``no_cache``: it sends
+#: ``cache_prompt: false`` (llama.cpp's per-request switch: nothing is reused, nothing can
+#: leak, no prefill is saved); ``shared``: nothing is sent (one cache for every tenant: for a
+#: pool that serves one tenant, or tenants that trust each other)
+CacheIsolation = Literal["salt", "no_cache", "shared"]
+
+
+class Isolation(_Base, frozen=True):
+    """Tenants kept apart in the engines' prompt caches (and the gateway's prefix index).
+
+    A prompt cache shared by tenants answers one tenant's exact guess of another's prompt with
+    a cache hit (``cached_tokens``, a shorter time to first token). Each tenant's requests
+    carry a salt of their own, derived by HMAC from a server secret, never from the client
+    (a client's own ``cache_salt`` is dropped); the tenants of an organization with
+    ``share_cache``, or of one ``cache_group``, share one salt.
+    """
+
+    #: the engines' isolation in pools that set none
+    cache: CacheIsolation = "salt"
+    #: environment variable holding the secret the salts derive from; unset: a secret made
+    #: once in ``store.data_dir`` (one host: set the same secret on every replica so that a
+    #: tenant's salt, and so its cache hits, are the same on all of them)
+    cache_salt_secret_env: str = "GATEWAY_CACHE_SALT_SECRET"
+
+
 class Pool(_Base, frozen=True):
     """A set of backends serving one request class."""
 
@@ -238,6 +266,9 @@ class Pool(_Base, frozen=True):
     prefill_aware: bool = True
     #: settings of ``strategy: prefix`` (default settings when left out)
     prefix: PrefixRouting | None = None
+    #: how this pool's engines keep tenants apart in their prompt caches (default: the
+    #: policy's ``isolation.cache``); see :class:`Isolation`
+    cache_isolation: CacheIsolation | None = None
 
     def __post_init__(self) -> None:
         if self.prefix is not None and self.strategy != "prefix":
@@ -654,6 +685,9 @@ class Organization(_Base, frozen=True):
     #: budget alerts of the organization and everything in it (default: the policy's
     #: ``alerts``)
     alerts: Alerts | None = None
+    #: its tenants share one prompt-cache salt (``isolation``): a tenant's prompt is reused
+    #: for, and so can be learnt by, the other tenants of the organization
+    share_cache: bool = False
 
 
 class Team(_Base, frozen=True):
@@ -680,6 +714,9 @@ class Tenant(_Base, frozen=True):
     organization: GroupName | None = None
     #: its share of a busy pool against other tenants of its class (default: its plan's)
     weight: PositiveFloat | None = None
+    #: tenants of one cache group share one prompt-cache salt (``isolation``): they can reuse,
+    #: and so learn, each other's prompts; unset: its organization's if that shares, else its own
+    cache_group: GroupName | None = None
 
 
 class Store(_Base, frozen=True):
@@ -807,3 +844,5 @@ class Policy(_Base, frozen=True):
     alerts: Alerts = msgspec.field(default_factory=Alerts)
     store: Store = msgspec.field(default_factory=Store)
     batch: Batch = msgspec.field(default_factory=Batch)
+    #: tenants kept apart in the engines' prompt caches
+    isolation: Isolation = msgspec.field(default_factory=Isolation)

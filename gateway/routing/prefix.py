@@ -44,12 +44,18 @@ _encode = msgspec.json.Encoder().encode
 _ROOT = 0x9E3779B97F4A7C15  # parent hash of a prompt's first chunk
 
 
-def prompt_hashes(payload: Mapping[str, Any], block_bytes: int) -> list[int]:
-    """The chained hash of every full ``block_bytes`` chunk of the request's prompt fields."""
+def prompt_hashes(payload: Mapping[str, Any], block_bytes: int,
+                  salt: str | None = None) -> list[int]:
+    """The chained hash of every full ``block_bytes`` chunk of the request's prompt fields.
+
+    ``salt``, the tenant's prompt-cache salt, enters the first chunk's hash: the index then
+    holds one tenant's prefixes apart from another's, so routing never sends a tenant to the
+    backend that holds another's prompt for being that prompt (as the engine, given the same
+    salt, keeps their cache blocks apart)."""
     parts = [_encode(payload[k]) for k in PROMPT_FIELDS if payload.get(k) is not None]
     data = parts[0] if len(parts) == 1 else b"".join(parts)
     out: list[int] = []
-    parent = _ROOT
+    parent = _ROOT if salt is None else hash((_ROOT, salt))
     for i in range(0, len(data) - block_bytes + 1, block_bytes):
         parent = hash((parent, data[i : i + block_bytes]))
         out.append(parent)

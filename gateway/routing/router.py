@@ -104,10 +104,11 @@ class Router:
         key_id: str | None,
         payload: Mapping[str, Any],
         session: bytes | None = None,
+        cache_salt: str | None = None,
     ) -> Route:
         """Route one request: its conversation (or key) picks the version a sticky model
         keeps it on, and the backend an affine pool sends it back to; a pool routing by prefix
-        reads the prompt's chunk hashes."""
+        reads the prompt's chunk hashes (under the tenant's ``cache_salt``)."""
         pools = [self.pools[model.pool], *(self.pools[p] for p in model.pools.values())]
         affine = any(p.config.affinity is not None for p in pools)
         conversation = (conversation_key(payload, session)
@@ -120,7 +121,7 @@ class Router:
         route = self.route(model, class_name, sticky, conversation if affine else None)
         settings = next((p.prefix_routing for p in pools if p.prefix_routing is not None), None)
         if settings is not None:
-            route.prefix = prompt_hashes(payload, settings.block_bytes)
+            route.prefix = prompt_hashes(payload, settings.block_bytes, cache_salt)
         return route
 
     def route(

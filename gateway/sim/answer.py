@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from gateway.sim.errors import BadRequest
 from gateway.sim.text import generate, request_seed
 from gateway.sim.tools import make_call
 
@@ -57,6 +58,22 @@ class Plan:
     #: report the engine's prefix-cache hit as ``cached_tokens`` (OpenAI's APIs); the Messages
     #: API reports only its ``cache_control`` cache, as Anthropic does
     reports_prefix_cache: bool = True
+    #: the request's ``cache_salt`` (vLLM, SGLang): its prompt hits only its salt's blocks
+    cache_salt: str | None = None
+    #: the request's ``cache_prompt`` (llama.cpp): false looks nothing up and caches nothing
+    cache_prompt: bool = True
+
+    def read_cache_fields(self, body: dict[str, Any]) -> None:
+        """Take the request's prefix-cache fields, checked as the engines check them."""
+        salt = body.get("cache_salt")
+        if salt is not None:
+            if not isinstance(salt, str) or not salt:
+                raise BadRequest("cache_salt must be a non-empty string", param="cache_salt")
+            self.cache_salt = salt
+        cache_prompt = body.get("cache_prompt", True)
+        if not isinstance(cache_prompt, bool):
+            raise BadRequest("cache_prompt must be a boolean", param="cache_prompt")
+        self.cache_prompt = cache_prompt
 
     @property
     def output_tokens(self) -> int:

@@ -161,6 +161,7 @@ def parse_completion(
         stream=bool(body.get("stream")),
     )
     plan.token_ids = token_ids
+    plan.read_cache_fields(body)
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     return plan, CompletionRenderer(plan, chat=chat, include_usage=include_usage)

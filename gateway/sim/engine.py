@@ -253,13 +253,15 @@ class Engine:
         *,
         cached_tokens: int = 0,
         token_ids: Sequence[int] | None = None,
+        cache_salt: str | None = None,
     ) -> SimRequest:
         """Queue a request; raises :class:`QueueFullError` or :class:`RequestTooLargeError`.
 
         ``cached_tokens``: a prefix known to be cached elsewhere (the Messages API's
         ``cache_control`` cache), skipped in prefill. ``token_ids``: the prompt's tokens, looked
         up in and added to the prefix cache (``req.cached_tokens`` then includes the hit once the
-        request is admitted).
+        request is admitted). ``cache_salt``: the request's salt; it hits only blocks cached
+        under the same salt.
         """
         if self._closed:
             raise EngineError("engine is closed")
@@ -278,7 +280,7 @@ class Engine:
         eligible = now + self.profile.request_overhead_ms * self._scale
         cache = self.prefix_cache
         hashes = (
-            block_hashes(token_ids, cache.block_tokens)
+            block_hashes(token_ids, cache.block_tokens, cache_salt)
             if cache is not None and token_ids
             else []
         )

@@ -295,8 +295,12 @@ def parse_message(
         encoding=cfg.encoding,
         stream=bool(body.get("stream")),
     )
-    plan.cached_tokens, plan.cache_write_tokens = _cache(request, model, total, cfg.encoding, cache)
     plan.token_ids = token_ids
+    plan.read_cache_fields(body)
+    # the cache_control cache is kept per salt too: a salted prompt reads only its salt's
+    # entries (the model name and the salt together key them)
+    scope = model if plan.cache_salt is None else f"{model}\0{plan.cache_salt}"
+    plan.cached_tokens, plan.cache_write_tokens = _cache(request, scope, total, cfg.encoding, cache)
     plan.reports_prefix_cache = False
     return plan, MessagesRenderer(plan)
 

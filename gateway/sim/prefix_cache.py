@@ -30,10 +30,13 @@ __all__ = ["PrefixCache", "block_hashes"]
 _ROOT = 0x5EED  # parent hash of a prompt's first block
 
 
-def block_hashes(token_ids: Sequence[int], block_tokens: int) -> list[int]:
-    """The chained hash of every full block of ``token_ids``, in prompt order."""
+def block_hashes(token_ids: Sequence[int], block_tokens: int,
+                 salt: str | None = None) -> list[int]:
+    """The chained hash of every full block of ``token_ids``, in prompt order. A ``salt``
+    (the request's ``cache_salt``) enters the first block's hash, as vLLM's does, so a salted
+    prompt shares no block with the same prompt under another salt or none."""
     out: list[int] = []
-    parent = _ROOT
+    parent = _ROOT if salt is None else hash((_ROOT, salt))
     end = len(token_ids) - len(token_ids) % block_tokens
     for i in range(0, end, block_tokens):
         parent = hash((parent, tuple(token_ids[i : i + block_tokens])))

@@ -46,7 +46,8 @@ def _submit(engine: Engine, plan: Plan) -> SimRequest:
             plan.prompt_tokens,
             plan.output_tokens,
             cached_tokens=plan.cached_tokens,
-            token_ids=plan.token_ids,
+            token_ids=plan.token_ids if plan.cache_prompt else None,
+            cache_salt=plan.cache_salt,
         )
     except QueueFullError as exc:
         raise Overloaded(str(exc)) from exc

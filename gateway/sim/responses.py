@@ -234,6 +234,7 @@ def parse_response(
         stream=bool(body.get("stream")),
     )
     plan.token_ids = token_ids
+    plan.read_cache_fields(body)
     return plan, ResponsesRenderer(plan, body, instructions, echo)
 
 

@@ -188,10 +188,12 @@ class Mirror:
         headers: RawHeaders,
         ctx: RequestContext | None = None,
         record_content: bool = False,
+        cache_fields: Callable[[str, bytes], bytes] | None = None,
     ) -> Pairing | None:
         """Maybe mirror this request; returns at once. With ``ctx``, ``shadow.compare`` and a
         compared endpoint, returns the pairing the caller gives the primary's answer to (see
-        :class:`Pairing`)."""
+        :class:`Pairing`). ``cache_fields(pool, body)`` sets the tenant's prompt-cache fields
+        for the shadow pool's engines (``cache_isolation.py``), as for the primary's."""
         if not should_shadow(shadow.share):
             return None
         stats = self.stats
@@ -211,6 +213,8 @@ class Mirror:
             mirrored["stream_options"] = {**(options if isinstance(options, dict) else {}),
                                           "include_usage": True}
         body = _encoder.encode(mirrored)
+        if cache_fields is not None:
+            body = cache_fields(shadow.pool, body)
         pairing = None
         if ctx is not None and shadow.compare and endpoint in COMPARED_PATHS:
             pairing = Pairing(self, shadow, ctx, record_content=record_content,
