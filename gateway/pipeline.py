@@ -66,7 +66,7 @@ from gateway.upstream.cache_isolation import isolate_body
 from gateway.upstream.forward import forward, release
 from gateway.upstream.outbound import outbound_headers
 from gateway.upstream.relay import relay_response
-from gateway.upstream.rename import ModelRenamer, RenamingScanner
+from gateway.upstream.rename import IdRewriter, ModelRenamer, RenamingScanner
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
@@ -294,13 +294,14 @@ class Pipeline:
             plan: Upstream | None = None
             scanner: Scanner | None
             if frontend is None:
-                body, scanner, renamer = _upstream_body(parsed, raw, route.upstream_model)
+                body, scanner, renamer, ids = _upstream_body(parsed, raw, route.upstream_model,
+                                                             endpoint.api, ctx.request_id)
             else:  # passed through to a pool that speaks the API, or translated to chat
                 plan = plan_upstream(
                     frontend, parsed, route.pool, route.upstream_model, ctx.request_id,
                     lambda: _prompt_tokens(admitted, counter, parsed))
                 path, body, scanner, shape = plan.path, plan.body, plan.scanner, plan.shape
-                renamer = None
+                renamer, ids = None, None
             body = isolate_body(body, runtime.cache_mode(route.pool.name), salt)
             keep = None if frontend is None else keeper(
                 services.responses, frontend, parsed, plan, ctx.tenant or "",
@@ -324,8 +325,11 @@ class Pipeline:
             if forwarded.body is not None:
                 if plan is not None:  # the client's API
                     forwarded.body = plan.answer(forwarded.response.status, forwarded.body)
-                elif renamer is not None:
-                    forwarded.body = renamer.whole(forwarded.body)
+                else:
+                    if ids is not None and forwarded.response.status < 400:
+                        forwarded.body = ids.whole(forwarded.body)
+                    if renamer is not None:
+                        forwarded.body = renamer.whole(forwarded.body)
 
             async def finish() -> None:
                 """7-8 before the response's last bytes: meter, then the durable record (and
@@ -527,22 +531,31 @@ def _weight(runtime: Runtime, tenant: str | None) -> float:
     return plan.weight if plan is not None else 1.0
 
 
-def _upstream_body(parsed: ParsedRequest, body: bytes, upstream_model: str
-                   ) -> tuple[bytes, StreamScanner | None, ModelRenamer | None]:
+def _upstream_body(parsed: ParsedRequest, body: bytes, upstream_model: str, api: str,
+                   request_id: str
+                   ) -> tuple[bytes, StreamScanner | None, ModelRenamer | None,
+                              IdRewriter | None]:
     """The body for the backend (its model name; streams always ask for usage, which the
-    scanner strips if the client did not ask), the stream's scanner, and the renamer that
-    gives the answer back the public name."""
+    scanner strips if the client did not ask), the stream's scanner, the renamer that gives
+    the answer back the public name, and the rewriter that gives it the gateway's id."""
     wants_usage = request_usage(parsed.payload, parsed.stream)
     if upstream_model != parsed.model or not wants_usage:
         parsed.payload["model"] = upstream_model
         body = _encoder.encode(parsed.payload)
     renamer = ModelRenamer(upstream_model, parsed.model) if upstream_model != parsed.model \
         else None
+    prefix = _ID_PREFIXES.get(api)
+    ids = IdRewriter(prefix + request_id) if prefix is not None else None
     scanner: StreamScanner | None = None
     if parsed.stream:
-        scanner = (StreamScanner(strip_usage=not wants_usage) if renamer is None
-                   else RenamingScanner(renamer, strip_usage=not wants_usage))
-    return body, scanner, renamer
+        scanner = (StreamScanner(strip_usage=not wants_usage)
+                   if renamer is None and ids is None
+                   else RenamingScanner(renamer, strip_usage=not wants_usage, ids=ids))
+    return body, scanner, renamer, ids
+
+
+#: the id prefix of each API's answers (OpenAI's); embeddings answers carry no id
+_ID_PREFIXES = {"chat": "chatcmpl-", "completions": "cmpl-"}
 
 
 def _prompt_tokens(admitted: Admitted | None, counter: PromptCounter, parsed: ParsedRequest

@@ -31,7 +31,7 @@ from gateway.errors import (
     ModelNotFound,
     RateLimited,
 )
-from gateway.upstream.rename import ModelRenamer
+from gateway.upstream.rename import IdRewriter, ModelRenamer
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -46,6 +46,8 @@ __all__ = ["Upstream", "plan_upstream"]
 
 CHAT_PATH = "/v1/chat/completions"
 _SHAPES: dict[str, Shape] = {"messages": "anthropic", "responses": "responses"}
+#: the id prefix of a passed-through API's answers: the gateway's id replaces the backend's
+_NATIVE_IDS = {"messages": "msg_", "responses": "resp_"}
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
 
@@ -70,10 +72,14 @@ class Upstream:
     translator: StreamTranslator | None = None
     #: the last whole answer ``answer`` translated, as an object
     answered: dict[str, Any] | None = None
+    #: a passed-through answer's id rewriter (the gateway's id for the backend's)
+    ids: IdRewriter | None = None
 
     def answer(self, status: int, body: bytes) -> bytes:
         """The client's body for a whole answer of the backend."""
         if self.native:
+            if self.ids is not None and status < 400:
+                body = self.ids.whole(body)
             return self.renamer.whole(body) if self.renamer is not None else body
         if status >= 400:
             return self.frontend.error(_backend_error(status, body))[1]
@@ -95,7 +101,10 @@ class Upstream:
             final = getattr(source, "final", None)
             if not isinstance(final, dict):
                 return None
-            return {**final, "model": self.model} if self.native else final
+            if not self.native:
+                return final
+            gateway_id = {"id": self.ids.gateway_id} if self.ids is not None else {}
+            return {**final, "model": self.model, **gateway_id}
         if self.answered is not None:
             return self.answered
         try:
@@ -128,14 +137,17 @@ def plan_upstream(
             and parsed.native.get("previous_response_id") is None):
         native = dict(parsed.native)
         native["model"] = upstream_model
+        prefix = _NATIVE_IDS.get(frontend.name)
+        ids = IdRewriter(prefix + request_id) if prefix is not None else None
         scanner: Scanner | None = None
         if parsed.stream:
             stream = frontend.stream(model=parsed.model, request_id=request_id, prompt_tokens=0,
                                      request=parsed.native)
-            scanner = _RenamedNative(frontend.name, renamer, stream.fail)
+            scanner = _RenamedNative(frontend.name, renamer, stream.fail,
+                                     IdRewriter(ids.gateway_id) if ids is not None else None)
         return Upstream(frontend, True, frontend.upstream_path, _encode(native), scanner,
                         renamer, parsed.model, request_id, _SHAPES.get(frontend.name, "openai"),
-                        parsed.native)
+                        parsed.native, ids=ids)
     chat = dict(parsed.payload)
     chat["model"] = upstream_model
     scanner = None
@@ -155,12 +167,13 @@ class _RenamedNative(NativeStreamScanner):
     """A passed-through stream read for usage, with the backend's model name rewritten;
     ``final``: a Responses stream's terminal object (for the stored response)."""
 
-    __slots__ = ("_renamer", "final")
+    __slots__ = ("_ids", "_renamer", "final")
 
     def __init__(self, api: str, renamer: ModelRenamer | None,
-                 on_error: Callable[[GatewayError], bytes]) -> None:
+                 on_error: Callable[[GatewayError], bytes], ids: IdRewriter | None) -> None:
         super().__init__(api, on_error=on_error)
         self._renamer = renamer
+        self._ids = ids
         self.final: dict[str, Any] | None = None
 
     def _responses_event(self, kind: Any, event: dict[str, Any]) -> None:
@@ -171,10 +184,14 @@ class _RenamedNative(NativeStreamScanner):
 
     def feed(self, chunk: bytes) -> bytes:
         out = super().feed(chunk)
+        if self._ids is not None:
+            out = self._ids.chunk(out)
         return self._renamer.chunk(out) if self._renamer is not None else out
 
     def flush(self) -> bytes:
         out = super().flush()
+        if self._ids is not None:
+            out = self._ids.chunk(out) + self._ids.flush()
         if self._renamer is None:
             return out
         return self._renamer.chunk(out) + self._renamer.flush()
