@@ -66,16 +66,23 @@ def sign(secret: bytes, timestamp: int, body: bytes) -> str:
 
 def verify(secret: bytes, header: str, body: bytes, *, now: float | None = None,
            tolerance: float = 300.0) -> bool:
-    """Whether ``header`` signs ``body`` with ``secret`` within ``tolerance`` seconds of now."""
+    """Whether ``header`` signs ``body`` with ``secret`` within ``tolerance`` seconds of now.
+
+    Any malformed header (no ``t`` or ``v1``, a timestamp that is not an integer, a signature
+    that is not hex, non-ASCII bytes) is False, never an exception: a receiver calls this on
+    whatever arrived. A valid signature can be replayed inside the tolerance window, so
+    receivers deduplicate on the ``X-Gateway-Delivery`` id (stable across retries of one
+    delivery) as well as checking the signature.
+    """
     fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
     try:
         timestamp = int(fields["t"])
-        given = fields["v1"]
-    except (KeyError, ValueError):
+        given = fields["v1"].encode("ascii")
+    except (KeyError, ValueError, UnicodeEncodeError):
         return False
     if abs((time.time() if now is None else now) - timestamp) > tolerance:
         return False
-    expected = sign(secret, timestamp, body).rpartition("v1=")[2]
+    expected = sign(secret, timestamp, body).rpartition("v1=")[2].encode("ascii")
     return hmac.compare_digest(expected, given)
 
 

@@ -54,6 +54,21 @@ def test_signature_round_trip() -> None:
     assert not verify(SECRET, "garbage", body)
 
 
+@pytest.mark.parametrize("header", [
+    "t=1700000000,v1=é",  # non-ASCII signature: TypeError from compare_digest on str
+    "t=1700000000,v1=\u00ff" + "0" * 63,
+    "t=١٧٠٠٠٠٠٠٠٠,v1=00",  # non-ASCII digits in the timestamp
+    "t=,v1=00",
+    "t=1700000000",
+    "v1=00",
+    "t=x" + "9" * 5000 + ",v1=00",
+    "",
+    ",,,=,=",
+])
+def test_verify_is_false_for_any_malformed_header(header: str) -> None:
+    assert verify(SECRET, header, b"{}", now=1_700_000_000) is False
+
+
 async def test_delivery_is_signed(receiver: Receiver) -> None:
     seen, sender = outcomes()
     sender.start()
