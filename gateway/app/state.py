@@ -316,7 +316,7 @@ class Gateway:
         self.metrics.set_ledger(
             ledger.pending, segments,
             {"stored": st.stored, "duplicate": st.duplicates, "spooled": st.spooled,
-             "replayed": st.replayed}, st.max_lag_ms,
+             "replayed": st.replayed, "unparseable": st.spool_bad_lines}, st.max_lag_ms,
             journaled=journal.unstored if journal is not None else 0,
             journal_failed=journal is not None and journal.broken)
         st.max_lag_ms = 0.0  # the gauge reports the worst lag of each second

@@ -100,6 +100,8 @@ class LedgerStats:
     spooled: int = 0
     overflowed: int = 0
     replayed: int = 0
+    #: spool lines a replay could not parse (a torn tail, never acknowledged; or a bug)
+    spool_bad_lines: int = 0
     flushes: int = 0
     flush_errors: int = 0
     max_lag_ms: float = 0.0

@@ -1,8 +1,10 @@
 """The local spool: append-only JSON Lines files that hold records the database could not take.
 
-Durability is the point, so each ``append`` is one ``write`` of the whole batch and one
-``fsync``; when it returns, the records survive a crash of the process (and of the machine,
-as far as the disk keeps its promises). It runs in a worker thread so an outage costs the
+Durability is the point, so each ``append`` writes the whole batch (looping over short
+writes) and ``fsync``s it; when it returns, the records survive a crash of the process (and of
+the machine, as far as the disk keeps its promises). When it raises (a full disk, an I/O
+error) none of the batch is acknowledged, and the segment is cut back to its last whole record
+so the next append starts on a clean line. It runs in a worker thread so an outage costs the
 event loop nothing.
 
 Files (*segments*) are named ``<prefix>-<ns>-<pid>.jsonl`` and rotated by size. The segment a
@@ -12,15 +14,17 @@ So a segment is replayed by one process at a time, never while it is still being
 and one left by a crashed process (its lock died with it) is picked up by the next start.
 Replaying twice is harmless: the stores drop records whose request id they have seen.
 
-A torn last line (a crash inside ``write``) is skipped on read: its records were never
-acknowledged as durable. Records a store refuses outright (not an outage: a bug) go to a
-``dead-*.jsonl`` file that replay ignores, so one poison record cannot block the rest.
+A torn last line (a crash inside ``write``) is skipped on read and counted (the replay logs
+and counts every line it could not parse): its records were never acknowledged as durable.
+Records a store refuses outright (not an outage: a bug) go to a ``dead-*.jsonl`` file that
+replay ignores, so one poison record cannot block the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import os
 import threading
@@ -33,7 +37,7 @@ from gateway.ledger.record import UsageRecord, decode_records, encode_lines
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["DEFAULT_SEGMENT_BYTES", "Claim", "Spool"]
+__all__ = ["DEFAULT_SEGMENT_BYTES", "Claim", "Spool", "write_all"]
 
 DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
 
@@ -60,6 +64,17 @@ def create_locked(path: Path) -> int:
     os.rename(making, path)
     fsync_dir(path.parent)  # the new name must survive a crash too
     return fd
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` or raise: ``os.write`` may take only part of it (a disk
+    with room for part of a batch), and a batch counts as written only when all of it is."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:  # not seen from a regular file; never loop on it
+            raise OSError(errno.EIO, "write made no progress")
+        view = view[written:]
 
 
 class Claim:
@@ -133,8 +148,12 @@ class Spool:
                 self._seal()
             if self._fd < 0:
                 self._open()
-            os.write(self._fd, data)
-            os.fsync(self._fd)
+            try:
+                write_all(self._fd, data)
+                os.fsync(self._fd)
+            except OSError:
+                self._cut_torn_tail()
+                raise
             self._size += len(data)
             self.appended += len(records)
             self.fsyncs += 1
@@ -168,6 +187,16 @@ class Spool:
     def _open(self) -> None:
         path = self.new_segment_path()
         self._fd, self._path, self._size = create_locked(path), path, 0
+
+    def _cut_torn_tail(self) -> None:
+        """After a failed write (a full disk, an I/O error), cut the active segment back to its
+        last whole record: the next append must not glue its first line onto a torn one. If
+        even that fails, seal the segment (its torn tail is then its last line, which a read
+        counts as bad and skips) so the next append starts a new one."""
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError:
+            self._seal()
 
     def _seal(self) -> None:
         if self._fd >= 0:

@@ -277,6 +277,9 @@ class Metrics:
                              ["tenant", "model"], registry=r)
         self.ejections = Counter("gateway_ejections", "Backends ejected from their pool.",
                                  ["pool", "backend"], registry=r)
+        self.client_stalls = Counter("gateway_client_stalls", "Responses cut off because the "
+                                     "client read nothing for timeouts.client_stall (backend "
+                                     "connection closed, slot released).", ["pool"], registry=r)
         self.quota_rejections = Counter("gateway_quota_rejections",
                                         "Requests refused by a quota limit.",
                                         ["limit", *tenant], registry=r)
@@ -355,7 +358,8 @@ class Metrics:
                                   multiprocess_mode="livemax", registry=r)
         self.ledger_records = Gauge("gateway_ledger_records", "Usage records since start, by "
                                     "what became of them: stored, duplicate (a replay), spooled "
-                                    "(the database was away), replayed.", ["outcome"],
+                                    "(the database was away), replayed, unparseable (spool lines "
+                                    "a replay skipped).", ["outcome"],
                                     multiprocess_mode="livesum", registry=r)
         self.ledger_lag = Gauge("gateway_ledger_commit_lag_seconds", "Longest wait from a "
                                 "record's write to its commit since the last report.",
@@ -542,6 +546,11 @@ class Metrics:
         if self.enabled:
             self.ejections.labels(pool, backend).inc()
             self.backend_healthy.labels(pool, backend).set(0)
+
+    def client_stall(self, pool: str) -> None:
+        """A response was cut off: its client stopped reading (``timeouts.client_stall``)."""
+        if self.enabled:
+            self.client_stalls.labels(pool).inc()
 
     def set_backend_health(self, pool: str, backend: str, healthy: bool) -> None:
         if self.enabled:

@@ -269,7 +269,7 @@ class SqlLedger(Ledger):
                 return 0
             self._backoff.success()
             self.spool.rotate()
-            new = 0
+            new = replayed = skipped = segments = 0
             for claim in self.spool.claims():
                 try:
                     new += await self._send(claim.records)
@@ -280,9 +280,23 @@ class SqlLedger(Ledger):
                 except BaseException:
                     claim.release()
                     raise
-                self.stats.replayed += len(claim.records)
+                replayed += len(claim.records)
+                skipped += claim.bad_lines
+                segments += 1
                 claim.done()
+            if segments:
+                self._report_replay(segments, replayed, new, skipped)
             return new
+
+    def _report_replay(self, segments: int, replayed: int, new: int, skipped: int) -> None:
+        """One log line per replay: what it stored, what were duplicates, what it could not
+        parse (a torn line is a record that was never acknowledged; any other is a bug)."""
+        self.stats.replayed += replayed
+        self.stats.spool_bad_lines += skipped
+        level = logging.WARNING if skipped else logging.INFO
+        log.log(level, "ledger: spool replayed: %d segments, %d records (%d new, %d duplicates), "
+                "%d lines skipped (unparseable)", segments, replayed, new, replayed - new,
+                skipped)
 
     async def _run_replayer(self) -> None:
         while True:
