@@ -27,6 +27,12 @@ the slots each flow holds, so the pool can give a flow below its weighted share 
 slot of *headroom* above a full backend's limit (``fair_headroom``), which the flood (above
 its share) never gets.
 
+The queue's places are shared the same way: :func:`push_out` says, when the queue is full,
+whose waiter gives its place to a newcomer (longest queue drop, weighted: the flow with the
+most waiters per unit of weight gives way, and the newcomer is refused when that is its own).
+Nothing is held for an idle flow: a flow alone fills the whole queue, and a second one takes
+its share from the first's excess, so a flood refuses only the flood.
+
 Pure: no clock, no I/O, no asyncio; :class:`~gateway.routing.pool.PoolState` puts its waiters
 here and asks for the next one.
 """
@@ -39,9 +45,9 @@ import math
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping
 
-__all__ = ["FairQueue", "SlotShares"]
+__all__ = ["FairQueue", "SlotShares", "push_out"]
 
 T = TypeVar("T")
 
@@ -192,6 +198,14 @@ class FairQueue(Generic[T]):
                 ahead += min(len(f.entries), 1 + math.floor((tag - f.start) / spacing))
         return ahead
 
+    def of_flow(self, flow: str) -> Iterator[T]:
+        """The waiters held for ``flow``, in every level (gone ones too until dropped)."""
+        for lv in self._levels.values():
+            f = lv.flows.get(flow)
+            if f is not None:
+                for _, _, item in f.entries:
+                    yield item
+
     def vtime(self, level: int) -> float:
         """The level's virtual time (0 for a level with nothing queued)."""
         lv = self._levels.get(level)
@@ -332,3 +346,27 @@ class SlotShares:
         flows = ", ".join(f"{name}: {slots}" for name, (slots, _) in sorted(self._held.items()))
         lingering = f" lingering [{', '.join(sorted(self._lingering))}]" if self._lingering else ""
         return f"<SlotShares [{flows}]{lingering}>"
+
+
+def push_out(waiting: Mapping[str, tuple[int, float]], flow: str, weight: float) -> str | None:
+    """A full queue and a newcomer of ``flow`` (of ``weight``): the flow whose last waiter gives
+    its place to the newcomer, or None when the newcomer is refused.
+
+    ``waiting``: each flow's waiters and weight. The flow with the most waiters per unit of
+    weight, the newcomer counted in its own, gives way (longest queue drop); a tie with the
+    newcomer's own flow refuses the newcomer, so equals never push each other out in turn.
+
+    A bound on the whole queue alone lets one flow's flood refuse every other flow's request
+    while it holds every place; this one refuses only the flows over their weighted share.
+    A newcomer whose flow stays within its share of the places (the queue's size times its
+    weight over the weights of the flows waiting, its own included) is always let in: the
+    places are all taken, so some other flow holds more than its share, and more per unit of
+    weight than the newcomer's. A flow alone is over no one's share: it may fill the queue.
+    """
+    mine = (waiting.get(flow, (0, weight))[0] + 1) / weight
+    victim: str | None = None
+    most = mine
+    for name, (count, w) in waiting.items():
+        if name != flow and count / w > most:
+            victim, most = name, count / w
+    return victim

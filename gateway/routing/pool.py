@@ -7,7 +7,10 @@ deadline, then arrival. A waiting request holds no backend connection: it holds 
 :meth:`PoolState.dispatch` completes with a backend when one frees up. A tenant holding less
 than its weighted share of the pool's slots need not wait for one: it may take one of the
 ``fair_headroom`` slots above a full backend's ``max_in_flight``, which a tenant at or above
-its share never gets.
+its share never gets. The queue's ``queue_size`` places are shared the same way: when they are
+all taken, a tenant within its weighted share of them takes the place of the last waiter of the
+tenant furthest over its own (:func:`gateway.routing.fair.push_out`), so a flood refuses only
+the flood; and a request finds out whether a slot is free for it before it is refused.
 
 The pool also predicts a new request's time to first token (:mod:`gateway.routing.predict`,
 fed by :meth:`PoolState.note_start` and :meth:`PoolState.observe_first_token`): borrowing,
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from gateway.routing.backend import BackendState
 from gateway.routing.errors import NoHealthyBackend, PoolCoolingDown, PoolSaturated
-from gateway.routing.fair import FairQueue, SlotShares
+from gateway.routing.fair import FairQueue, SlotShares, push_out
 from gateway.routing.pick import (
     pick_affine,
     pick_least_loaded,
@@ -53,7 +56,10 @@ _BURST_WINDOW = 0.01  # seconds a staggered burst takes more starts (to share on
 
 
 class _Waiter:
-    __slots__ = ("affinity", "exclude", "future", "key", "prefix", "tenant", "weight")
+    __slots__ = (
+        "affinity", "counted", "exclude", "flow", "future", "key", "prefix", "pushed_out",
+        "tenant", "weight",
+    )
 
     def __init__(
         self,
@@ -64,9 +70,14 @@ class _Waiter:
         prefix: Sequence[int] | None = None,
         tenant: str = "",
         weight: float = 1.0,
+        flow: str = "",
     ) -> None:
         self.key, self.future, self.exclude, self.affinity = key, future, exclude, affinity
-        self.prefix, self.tenant, self.weight = prefix, tenant, weight
+        self.prefix, self.tenant, self.weight, self.flow = prefix, tenant, weight, flow
+        #: counted among its flow's waiters (:meth:`PoolState._join`, :meth:`PoolState._leave`)
+        self.counted = False
+        #: its place in the full queue went to another tenant's request (:meth:`PoolState._place`)
+        self.pushed_out = False
 
     def __lt__(self, other: _Waiter) -> bool:
         return self.key < other.key
@@ -75,12 +86,6 @@ class _Waiter:
 def _waiting(waiter: _Waiter) -> bool:
     """Still waiting (not timed out, cancelled or served)."""
     return not waiter.future.done()
-
-
-def _expire(future: asyncio.Future[BackendState | None]) -> None:
-    """A waiter's start deadline: it gets no backend (None), unless a dispatch came first."""
-    if not future.done():
-        future.set_result(None)
 
 
 class PoolState:
@@ -102,6 +107,12 @@ class PoolState:
                 state = BackendState(b, label)
             self.backends.append(state)
         self._queue: FairQueue[_Waiter] = FairQueue()
+        #: waiters still waiting, in all and per flow (with the flow's weight), kept as they
+        #: come and go: the queue bound per share reads them on every request that finds a
+        #: queue, which a count of the queue (it holds gone waiters until they are dropped)
+        #: would make cost the queue's length, under a flood, for each refusal
+        self._waiting = 0
+        self._flows: dict[str, tuple[int, float]] = {}
         #: slots above each backend's max_in_flight for tenants below their share (fair only)
         self.fair_headroom = config.fair_headroom if config.fair else 0
         #: ``fair_stagger``: see :meth:`_staggered`
@@ -486,11 +497,13 @@ class PoolState:
 
         While it waits, ``tenant`` (its flow), ``weight`` and ``tokens`` (its estimated prompt +
         output) place it among the other tenants of its class. Raises :class:`PoolSaturated`
-        (with a retry-after) when the queue is full or the request cannot start before
-        ``deadline`` (judged from the waiters it would be served after, not all of them), and
-        :class:`NoHealthyBackend` when nothing could ever serve it. Waiting holds no backend
-        connection. ``prompt_tokens`` counts in the queue's prompt total (the prefill
-        ahead of later requests) while it waits.
+        (with a retry-after) when the queue is full and its tenant holds its share of it (see
+        :meth:`_place`; also to a waiter whose place goes to another tenant's request), or when
+        the request cannot start before ``deadline`` (judged from the waiters it would be served
+        after, not all of them); and :class:`NoHealthyBackend` when nothing could ever serve
+        it. Before a refusal, a slot free for this request now is taken (:meth:`_take_now`).
+        Waiting holds no backend connection. ``prompt_tokens`` counts in the queue's prompt
+        total (the prefill ahead of later requests) while it waits.
         """
         now = time.monotonic()
         backend = (None if self.queued or not self.admits(priority, now)
@@ -505,35 +518,41 @@ class PoolState:
             raise PoolCoolingDown(
                 f"every backend of pool '{self.name}' asked to wait (Retry-After)", cooling
             )
-        waiting = self.queued
-        if waiting >= self.config.queue_size:
-            raise PoolSaturated(f"pool '{self.name}' queue is full ({waiting} waiting)",
-                                self._retry_after(waiting))
-        # only the waiters it would be served after count: higher classes and, in its own,
-        # the tenants whose fair share comes first
         flow = tenant if self.config.fair else ""
-        ahead = self._queue.ahead_of(level=priority, flow=flow)
-        expected = self._expected_wait(ahead)
-        if now + expected > deadline:
-            raise PoolSaturated(
-                f"pool '{self.name}' cannot start this request before its deadline"
-                f" ({ahead} waiting, ~{expected:.1f}s)", self._retry_after(ahead))
+        refusal, victim = self._place(now, priority, deadline, flow, weight)
+        if refusal is not None or victim is not None:
+            # a slot free for it now goes before a refusal, or another tenant's place
+            backend = self._take_now(now, priority, exclude, affinity, prefix, tenant, weight)
+            if backend is not None:
+                return backend
+            refusal, victim = self._place(now, priority, deadline, flow, weight)  # dispatched
+        if refusal is not None:
+            raise refusal
+        if victim is not None:
+            victim.pushed_out = True
+            self._expire(victim)  # it leaves the queue at no cost to its flow
         loop = asyncio.get_running_loop()
         future: asyncio.Future[BackendState | None] = loop.create_future()
         waiter = _Waiter((priority, deadline, next(self._seq)), future, exclude, affinity, prefix,
-                         tenant, weight)
+                         tenant, weight, flow)
         self._queue.push(waiter, level=priority, order=waiter.key, flow=flow, weight=weight,
                          cost=tokens)
+        self._join(waiter)
         self._queued_tokens += prompt_tokens
         self.dispatch()
         # The deadline resolves the same future a dispatch does (with None), so exactly one of
         # them wins: a backend handed over in the loop iteration the deadline passes is used,
         # never dropped with its slot still counted (a timeout cancelling the task could not
         # tell that the future already held a backend).
-        expiry = loop.call_at(loop.time() + max(0.0, deadline - now), _expire, future)
+        expiry = loop.call_at(loop.time() + max(0.0, deadline - now), self._expire, waiter)
         handed = False
         try:
             backend = await future
+            if backend is None and waiter.pushed_out:
+                raise PoolSaturated(
+                    f"pool '{self.name}' queue is full: this request's place went to another"
+                    " tenant's, its own tenant holding more than its share of the queue",
+                    self._retry_after(self.queued))
             if backend is None:
                 raise PoolSaturated(
                     f"pool '{self.name}' had no free backend before the request's deadline",
@@ -548,6 +567,7 @@ class PoolState:
             return backend
         finally:
             expiry.cancel()
+            self._leave(waiter)
             self._queued_tokens -= prompt_tokens
             if not future.done():
                 future.cancel()
@@ -555,6 +575,102 @@ class PoolState:
                 if self.fair_stagger:
                     self._count_pending(got, tenant, -1)
                 self.release(got, tenant)  # got a backend but the request is gone
+
+    def _place(self, now: float, priority: int, deadline: float, flow: str,
+               weight: float) -> tuple[PoolSaturated | None, _Waiter | None]:
+        """May a request of ``flow`` (of ``weight``) wait in the queue: the refusal if not, else
+        the waiter whose place it takes in a full queue (None: there is room). No change made.
+
+        The bound is per share: a bound on the whole queue alone let one tenant's flood refuse
+        every other tenant at once while the flood held every place. A full queue refuses the
+        request only when its flow holds the most waiters per unit of weight (its request
+        counted), else it pushes out the last waiter of the flow that does
+        (:func:`~gateway.routing.fair.push_out`). So a tenant alone fills the queue, and
+        another always has room for its share of it, taken from the excess of the first.
+        With ``fair: false`` (one flow for all) the full queue refuses everyone.
+
+        A request that may wait is still refused when it cannot start before ``deadline``,
+        judged from the waiters it would be served after: higher classes and, in its own, the
+        tenants whose fair share comes first.
+        """
+        waiting = self._waiting
+        victim: _Waiter | None = None
+        if waiting >= self.config.queue_size:
+            name = push_out(self._flows, flow, weight)
+            if name is None:
+                why = ", as many of them this tenant's as its share allows" if self.config.fair \
+                    else ""
+                return PoolSaturated(f"pool '{self.name}' queue is full ({waiting} waiting{why})",
+                                     self._retry_after(waiting)), None
+            victim = self._last_of(name)
+        ahead = self._queue.ahead_of(level=priority, flow=flow)
+        expected = self._expected_wait(ahead)
+        if now + expected > deadline:
+            return PoolSaturated(
+                f"pool '{self.name}' cannot start this request before its deadline"
+                f" ({ahead} waiting, ~{expected:.1f}s)", self._retry_after(ahead)), None
+        return None, victim
+
+    def _last_of(self, flow: str) -> _Waiter | None:
+        """The waiter of ``flow`` served last (the lowest class, latest deadline, newest): the
+        one it gives up to a newcomer. None when none still waits (the count lags a waiter
+        whose task was cancelled by one step of the loop: its place is free already)."""
+        last: _Waiter | None = None
+        for waiter in self._queue.of_flow(flow):
+            if _waiting(waiter) and (last is None or last < waiter):
+                last = waiter
+        return last
+
+    def _join(self, waiter: _Waiter) -> None:
+        """``waiter`` entered the queue: count it among its flow's."""
+        waiter.counted = True
+        count = self._flows.get(waiter.flow, (0, 0.0))[0]
+        self._flows[waiter.flow] = (count + 1, waiter.weight)
+        self._waiting += 1
+
+    def _leave(self, waiter: _Waiter) -> None:
+        """``waiter`` stopped waiting (served, past its deadline, pushed out, or gone with its
+        task): uncount it, once."""
+        if not waiter.counted:
+            return
+        waiter.counted = False
+        self._waiting -= 1
+        count, weight = self._flows[waiter.flow]
+        if count > 1:
+            self._flows[waiter.flow] = (count - 1, weight)
+        else:
+            del self._flows[waiter.flow]
+
+    def _expire(self, waiter: _Waiter) -> None:
+        """A waiter's start deadline, or its place pushed out: it gets no backend (None),
+        unless a dispatch came first."""
+        self._leave(waiter)
+        if not waiter.future.done():
+            waiter.future.set_result(None)
+
+    def _take_now(self, now: float, priority: int, exclude: Collection[BackendState],
+                  affinity: bytes | None, prefix: Sequence[int] | None, tenant: str,
+                  weight: float) -> BackendState | None:
+        """A slot free now for a request the queue would refuse (or let in only in another
+        tenant's place), acquired for ``tenant``; None if there is none for it.
+
+        The waiters have theirs first (:meth:`dispatch`), so a slot still free is one none of
+        them may take: one the stagger keeps from their tenants, or a ``fair_headroom`` slot
+        while they are at their shares. A tenant below its share may take either, and it
+        would take it at once from the queue anyway: refusing it for the queue's length
+        instead (what a request that found a queue did before) turned a flood's full queue
+        into a 503 for every other tenant beside free headroom. Never while a higher class
+        waits, nor for a class the pool throttles for borrowers (:meth:`admits`).
+        """
+        self.dispatch()
+        first = self._queue.first(_waiting)
+        if (first is not None and first.key[0] < priority) or not self.admits(priority, now):
+            return None
+        backend = self.try_pick(now, exclude, affinity, prefix, tenant=tenant, weight=weight)
+        if backend is None and self.below_share(tenant, weight, now) and self._spare(now, exclude):
+            backend = self.try_pick(now, exclude, affinity, prefix, tenant=tenant,
+                                    weight=weight, spare=True)
+        return backend
 
     def _cooling(self, now: float, exclude: Collection[BackendState]) -> int:
         """Seconds until the first backend's Retry-After ends, when all are inside one; else 0.
@@ -603,6 +719,7 @@ class PoolState:
             queue.pop_first()  # served: charged to its tenant's share
             if self.fair_stagger:
                 self._count_pending(backend, waiter.tenant, 1)
+            self._leave(waiter)
             waiter.future.set_result(backend)
 
     def _pick_unstaggered(self, now: float) -> tuple[_Waiter | None, BackendState | None]:

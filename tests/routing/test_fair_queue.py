@@ -36,7 +36,7 @@ class _Order:
 
 
 def test_exported_names() -> None:
-    assert fair.__all__ == ["FairQueue", "SlotShares"]
+    assert fair.__all__ == ["FairQueue", "SlotShares", "push_out"]
 
 
 @pytest.mark.parametrize(("weights", "costs"), [
