@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test pytest lint schema system-deps clean bench-overhead
+.PHONY: demo test pytest lint schema system-deps llama-server clean bench-overhead
 
 $(BIN)/python:
 	@$(PY) -m venv $(VENV) 2>/dev/null || { \
@@ -27,6 +27,12 @@ system-deps:
 	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
 
+# llama.cpp's llama-server, the real engine of tests/engines and the benchmarks (loadtest/engines):
+# built once (~10-15 min on 2 cores) into $GATEWAY_ENGINE_CACHE, by default
+# ~/.cache/llm-gateway/llama.cpp-0.3.36, outside the tree; a no-op once it is there
+llama-server: | $(BIN)/python
+	@PYTHON=$(BIN)/python bash deploy/engines/build-llama-server.sh
+
 demo: $(STAMP)
 	$(BIN)/gateway demo
 
@@ -35,7 +41,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-pytest: $(STAMP) system-deps
+pytest: $(STAMP) system-deps llama-server
 	$(BIN)/python -m pytest
 
 test: lint pytest

@@ -1,4 +1,4 @@
-"""``python -m loadtest``: probe, sweep (and soak), cost, replay, compare.
+"""``python -m loadtest``: probe, sweep (and soak), cost, replay, compare; engine (a local one).
 
 Each subcommand parses its options into the settings objects of its module, runs it on one
 uvloop event loop, prints rich tables, and optionally writes ``--json FILE`` and ``--plot DIR``.
@@ -369,6 +369,30 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target(p, "b", "B")
     _add_workload(p)
     _add_output(p)
+
+    p = sub.add_parser(
+        "engine",
+        help="run a real local engine: llama-server on a tiny random model",
+        description="Starts llama.cpp's llama-server (built by `make llama-server` into "
+        "~/.cache/llm-gateway) on a tiny llama model with random weights and the GPT-2 "
+        "tokenizer (its text is noise), prints its URL, and serves until Ctrl-C. Point probe, "
+        "sweep or a gateway pool at it.",
+    )
+    p.add_argument("--build", action="store_true",
+                   help="build llama-server first when it is not cached (~10-15 min on 2 cores)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8081, help="listen port (default 8081)")
+    p.add_argument("--slots", type=int, default=4, help="parallel sequences, -np (default 4)")
+    p.add_argument("--ctx", type=int, default=16384,
+                   help="KV cache tokens for all slots together, -c (default 16384)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads, -t (default 1: the fastest for the tiny model)")
+    p.add_argument("--embedding", type=int, default=256, help="model embedding length (256)")
+    p.add_argument("--layers", type=int, default=4, help="model blocks (default 4)")
+    p.add_argument("--seed", type=int, default=0, help="model weights seed (default 0)")
+    p.add_argument("--alias", default="tiny-llama",
+                   help="the model name it answers with (default tiny-llama)")
+    p.add_argument("--log", default=None, help="engine log file (default: a temp file)")
     return parser
 
 
@@ -639,7 +663,34 @@ def cmd_compare(a: argparse.Namespace) -> int:
     return 1 if a.fail_on_errors and errors else 0
 
 
+def cmd_engine(a: argparse.Namespace) -> int:
+    import signal
+
+    from loadtest.engines import build, llama_server, tiny_model
+
+    try:
+        binary = build.build_engine() if a.build else build.require_server_binary()
+        spec = tiny_model.TinyModelSpec(embedding=a.embedding, layers=a.layers, seed=a.seed)
+        model = tiny_model.tiny_model_path(spec)
+    except (build.EngineNotBuilt, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    server = llama_server.LlamaServer(
+        model, slots=a.slots, ctx=a.ctx, threads=a.threads, alias=a.alias, host=a.host,
+        port=a.port, log_path=a.log, binary=binary,
+    )
+    # SIGTERM (a supervisor, `kill`) leaves through the with block too, stopping the engine
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with server:
+        print(f"llama-server {server.url}  model {a.alias} ({model.name})", flush=True)
+        print(f"log {server.log_path}; Ctrl-C stops it", file=sys.stderr, flush=True)
+        assert server.proc is not None
+        code = server.proc.wait()
+    print(f"llama-server exited ({code}); log {server.log_path}", file=sys.stderr)
+    return 1
+
+
 COMMANDS = {
+    "engine": cmd_engine,
     "probe": cmd_probe,
     "sweep": cmd_sweep,
     "cost": cmd_cost,

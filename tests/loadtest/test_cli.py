@@ -19,7 +19,7 @@ def test_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None
     """Every option of every subcommand has help text."""
     parser = build_parser()
     sub = next(a for a in parser._actions if a.choices and "probe" in a.choices)
-    assert set(sub.choices) == {"probe", "sweep", "cost", "replay", "compare"}
+    assert set(sub.choices) == {"probe", "sweep", "cost", "replay", "compare", "engine"}
     for name, p in sub.choices.items():
         for action in p._actions:
             if action.option_strings and action.dest != "help":
