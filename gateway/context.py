@@ -62,6 +62,8 @@ class RequestContext:
     tenant: str | None = None
     request_model: str | None = None  # gen_ai.request.model (the public name)
     upstream_model: str | None = None  # the name sent to the backend
+    #: the name the engine answered with (gen_ai.response.model; the client saw the public)
+    response_model: str | None = None
     stream: bool = False
     request_class: str | None = None
     version: str | None = None  # the rollout version chosen, if the model has versions

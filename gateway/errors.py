@@ -1,21 +1,24 @@
 """OpenAI-shaped errors: one class per case, the HTTP status as a class attribute.
 
     GatewayError
-    ├── InvalidRequest (400)            bad JSON, wrong types, missing fields
+    ├── InvalidRequest (400)            bad JSON, wrong types, missing fields, limits
     ├── AuthenticationFailed (401)      missing, malformed or unknown API key
     ├── ModelNotFound (404)
     ├── RouteNotFound (404)
     ├── MethodNotAllowed (405)
     ├── BodyTooLarge (413)
-    ├── RateLimited (429)               a backend (or, later, a quota) said slow down
+    ├── RateLimited (429)               a quota, a call limit or a backend said slow down
+    ├── InternalError (500)             a bug; no detail leaves the process
     ├── BackendFailure (502)            the backend failed or answered garbage
     ├── NoBackendAvailable (503)        every backend is down or full
-    ├── InternalError (500)             a bug; no detail leaves the process
+    ├── ServerShuttingDown (503)        draining: retry on another replica
+    ├── QuotaStoreUnavailable (503)     Redis away and the policy fails closed
+    ├── UsageNotRecorded (503)          the usage record not durable within its bound
     └── UpstreamTimeout (504)
 
-Every error leaves the gateway as ``{"error": {"message", "type", "param", "code"}}``; the
-``render`` function is the only place that builds that body, so no code path can answer with a
-traceback.
+Every error leaves the gateway as ``{"error": {"message", "type", "param", "code"}}``;
+``error_body`` is the only place that builds that body (the Messages and Responses front-ends
+re-shape it into their own), so no code path can answer with a traceback.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ __all__ = [
     "RouteNotFound",
     "ServerShuttingDown",
     "UpstreamTimeout",
+    "UsageNotRecorded",
     "clip",
     "error_body",
 ]
@@ -163,6 +167,16 @@ class QuotaStoreUnavailable(GatewayError):
     status = 503
     type = "api_error"
     code = "quota_unavailable"
+
+
+class UsageNotRecorded(GatewayError):
+    """The answer's usage record could not be made durable within ``store.ledger_timeout``
+    (the database and the spool both failing): the answer is withheld rather than given
+    without a record of it."""
+
+    status = 503
+    type = "api_error"
+    code = "usage_not_recorded"
 
 
 class UpstreamTimeout(GatewayError):

@@ -9,8 +9,11 @@ Each stage is one call into the package that owns its rules, with typed inputs a
 
 =================  ============================================================================
 authenticate       ``auth``: the key -> :class:`~gateway.auth.resolver.Identity` (or a 401)
-parse, classify    ``request.parse`` (the body), ``routing.classes`` (the class; a 400 for an
-                   unknown ``X-Request-Class``)
+parse, classify    ``request.parse`` (the body), ``apis.responses.store`` (a Responses request
+                   to be stored by a tenant at its ``stored_responses`` bound: a 400; the
+                   conversation a ``previous_response_id`` continues), ``apis.limits`` (the
+                   output limit against the model's ``max_output_tokens``: a 400),
+                   ``routing.classes`` (the class; a 400 for an unknown ``X-Request-Class``)
 admit              ``quota.admit``: the estimate, the reservation, the 429, ``x-ratelimit-*``
 route              ``routing.router``: version (canary weight, stickiness), pools, affinity
 shadow             ``upstream.shadow``: mirror an admitted request, never billed
@@ -39,6 +42,8 @@ import msgspec
 
 from gateway.accounting import StreamScanner, request_usage
 from gateway.accounting.meter import count_prompt, meter, meter_failed
+from gateway.accounting.usage_bounds import rejection_kind, request_limits
+from gateway.apis.limits import check_output_limit
 from gateway.apis.plan import CHAT_PATH, Upstream, plan_upstream
 from gateway.apis.registry import (
     decode_native,
@@ -46,7 +51,8 @@ from gateway.apis.registry import (
     send_api_error,
     translate_native,
 )
-from gateway.apis.responses.store import continued, keeper
+from gateway.apis.responses.store import continued, keeper, room
+from gateway.config.model import StoredResponseLimits
 from gateway.context import RequestContext, client_request_id, new_request_id
 from gateway.errors import (
     GatewayError,
@@ -55,6 +61,7 @@ from gateway.errors import (
     MethodNotAllowed,
     ModelNotFound,
     ServerShuttingDown,
+    UsageNotRecorded,
 )
 from gateway.http.asgi import ClientGone, clip, header_value, send_error
 from gateway.ledger import make_record
@@ -66,7 +73,7 @@ from gateway.upstream.cache_isolation import isolate_body
 from gateway.upstream.forward import forward, release
 from gateway.upstream.outbound import outbound_headers
 from gateway.upstream.relay import relay_response
-from gateway.upstream.rename import IdRewriter, ModelRenamer, RenamingScanner
+from gateway.upstream.rename import AnswerRewriter, RenamingScanner
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
@@ -91,6 +98,8 @@ __all__ = ["Inbound", "LineAnswer", "Pipeline", "Services"]
 
 _encoder = msgspec.json.Encoder()
 _log = logging.getLogger("gateway.pipeline")
+#: the stored-responses bound of a tenant outside the policy's tenants
+_DEFAULT_STORED_BOUND = StoredResponseLimits()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -211,12 +220,18 @@ class Pipeline:
                 parsed = parse_request(body, inbound.endpoint)
             else:  # Responses, Messages: checked in their shape, carried as chat
                 native = decode_native(body)
+                # a request to be stored by a tenant at its stored-responses bound: a 400
+                await room(services.responses, frontend, ctx.tenant or "", native,
+                           _stored_bound(runtime, ctx.tenant), len(body))
                 earlier = await continued(services.responses, frontend, ctx.tenant or "",
                                           native)  # a stored conversation it continues
                 parsed, _ = translate_native(native, frontend, earlier)
             inbound.on_body_read(ctx)
             model = _model(runtime, parsed)
             ctx.request_model, ctx.stream = parsed.model, parsed.stream
+            # the output limit, in the client's own field, against the model's ceiling:
+            # before admission, so an over-limit request reserves and forwards nothing
+            check_output_limit(model, parsed, frontend)
             ctx.request_class = _classify(runtime, inbound, identity, ctx, parsed)
             await self._serve(runtime, inbound, identity, ctx, model, parsed, body, send,
                               answer, span)
@@ -261,6 +276,9 @@ class Pipeline:
         endpoint = inbound.endpoint
         counter = services.counter(model.encoding)
         price = runtime.prices.lookup(model.name, ctx.tenant)
+        # what the backend's usage may be for this request (``accounting.usage_bounds``)
+        limits = request_limits(parsed.payload, endpoint.operation,
+                                default_output=model.max_output_tokens)
         # 3. admit: every limit checked and reserved in one round trip
         admitted: Admitted | None = None
         scopes = runtime.scopes(ctx.tenant, ctx.key_id, identity.limits if identity else None,
@@ -293,15 +311,15 @@ class Pipeline:
             shape: Shape = "openai"
             plan: Upstream | None = None
             scanner: Scanner | None
+            rewriter: AnswerRewriter | None = None  # the public name, the gateway's id
             if frontend is None:
-                body, scanner, renamer, ids = _upstream_body(parsed, raw, route.upstream_model,
-                                                             endpoint.api, ctx.request_id)
+                body, scanner, rewriter = _upstream_body(parsed, raw, route.upstream_model,
+                                                         endpoint.api, ctx.request_id)
             else:  # passed through to a pool that speaks the API, or translated to chat
                 plan = plan_upstream(
                     frontend, parsed, route.pool, route.upstream_model, ctx.request_id,
                     lambda: _prompt_tokens(admitted, counter, parsed))
                 path, body, scanner, shape = plan.path, plan.body, plan.scanner, plan.shape
-                renamer, ids = None, None
             body = isolate_body(body, runtime.cache_mode(route.pool.name), salt)
             keep = None if frontend is None else keeper(
                 services.responses, frontend, parsed, plan, ctx.tenant or "",
@@ -325,11 +343,8 @@ class Pipeline:
             if forwarded.body is not None:
                 if plan is not None:  # the client's API
                     forwarded.body = plan.answer(forwarded.response.status, forwarded.body)
-                else:
-                    if ids is not None and forwarded.response.status < 400:
-                        forwarded.body = ids.whole(forwarded.body)
-                    if renamer is not None:
-                        forwarded.body = renamer.whole(forwarded.body)
+                elif rewriter is not None and forwarded.response.status < 400:
+                    forwarded.body = rewriter.whole(forwarded.body)
 
             async def finish() -> None:
                 """7-8 before the response's last bytes: meter, then the durable record (and
@@ -338,7 +353,7 @@ class Pipeline:
                     counter, endpoint.operation, parsed.payload, size,
                     admitted.split if admitted is not None else None,
                     body=metered, scanner=scanner, price=price,
-                    batch=ctx.request_class == "batch", shape=shape)
+                    batch=ctx.request_class == "batch", shape=shape, limits=limits)
                 if ctx.status >= 400:  # an error answer: no output was delivered
                     ctx.usage = await meter_failed(
                         counter, endpoint.operation, parsed.payload, size,
@@ -360,15 +375,20 @@ class Pipeline:
                     await self._record(runtime, ctx)
 
             try:
-                await relay_response(forwarded, ctx, send, answer, scanner, finish)
+                await relay_response(forwarded, ctx, send, answer, scanner, finish,
+                                     services.metrics)
             finally:
                 release(forwarded, ctx)
+                # the engine's own name for the model, for the trace (the client saw the public)
+                ctx.response_model = (plan.backend_model if plan is not None
+                                      else rewriter.backend_model if rewriter is not None
+                                      else None)
                 if ctx.usage is None:  # 7. meter (a response that did not reach its end)
                     ctx.usage = await meter(
                         counter, endpoint.operation, parsed.payload, size,
                         admitted.split if admitted is not None else None,
                         body=metered, scanner=scanner, price=price,
-                        batch=ctx.request_class == "batch", shape=shape)
+                        batch=ctx.request_class == "batch", shape=shape, limits=limits)
         finally:
             if not ctx.recorded and (forwarded is None or ctx.first_token_ns is None):
                 # failed before any output: tokens counted, cost 0 unless prices.bill_failed
@@ -379,6 +399,7 @@ class Pipeline:
                     bill_failed=runtime.prices.bill_failed)
             if admitted is not None:  # settled in the background: the answer is complete
                 services.settle_later(admitted.admission.settle(*_actual(ctx.usage)))
+            _count_rejected_usage(services.metrics, ctx)
             if shadowed is not None:  # the primary's side of the comparison (read later)
                 shadowed.primary(ctx, forwarded, scanner, metered)
 
@@ -388,7 +409,7 @@ class Pipeline:
         if ctx.finished_ns is None:
             ctx.finished_ns = time.perf_counter_ns()
         span.end(ctx, payload=parsed.payload if parsed is not None else None,
-                 record_content=_record_content(runtime, ctx))
+                 response_model=ctx.response_model, record_content=_record_content(runtime, ctx))
         services = self.services
         services.finished(ctx, span)  # metrics and access line, in batches
         if ctx.version is not None and services.rollouts is not None:
@@ -410,13 +431,23 @@ class Pipeline:
         journal) it is durable when this returns."""
         ctx.recorded = True
         record = self._make_record(runtime, ctx)
-        durability = runtime.policy.store.ledger_durability
-        if durability == "commit":
-            await self.services.ledger.write_durable(record)
-        elif durability == "journal":  # alone: nothing to overlap the fsync with
-            await self.services.ledger.write_journaled(record, alone=self.active <= 1)
+        store = runtime.policy.store
+        ledger = self.services.ledger
+        mode = ledger.auto_mode if store.ledger_durability == "auto" else store.ledger_durability
+        if mode == "commit":
+            durable = ledger.write_durable(record)
+        elif mode == "journal":  # alone: nothing to overlap the fsync with
+            durable = ledger.write_journaled(record, alone=self.active <= 1)
+        elif mode == "process":
+            written = ledger.write_process(record)
+            if written is None:
+                return
+            durable = written
         else:
-            self.services.ledger.write_nowait(record)
+            ledger.write_nowait(record)
+            return
+        if not durable.done():
+            await _durable_within(durable, store.ledger_timeout)
 
     async def run_line(self, inbound: Inbound) -> LineAnswer:
         """A batch line, exactly like a live request of its key: quotas, routing, retries,
@@ -439,6 +470,20 @@ class Pipeline:
 #: the client API of each proxied path, for the usage record
 _API = {path: endpoint.api for path, endpoint in ENDPOINTS.items()}
 
+
+
+async def _durable_within(durable: asyncio.Future[None], timeout: float) -> None:
+    """Wait for a record to be durable, at most ``timeout`` seconds (the ledger spools within
+    that bound when its database does not answer, so a timeout here means it could not make
+    the record durable at all: a full disk). The record stays queued and is retried."""
+    try:
+        async with asyncio.timeout(timeout):
+            await asyncio.shield(durable)
+    except TimeoutError:
+        raise UsageNotRecorded(
+            f"the usage record of this answer could not be made durable within "
+            f"{timeout:g} s (store.ledger_timeout), so the answer is withheld; retry, "
+            "possibly on another replica") from None
 
 
 def _record_content(runtime: Runtime, ctx: RequestContext) -> bool:
@@ -520,6 +565,17 @@ def _output(model: Model, parsed: ParsedRequest) -> int:
     return limit if isinstance(limit, int) and limit >= 0 else model.default_max_tokens
 
 
+def _stored_bound(runtime: Runtime, tenant: str | None) -> StoredResponseLimits:
+    """The tenant's bound on stored responses: its own, else its plan's, else the defaults."""
+    t = runtime.tenants.get(tenant or "")
+    if t is None:
+        return _DEFAULT_STORED_BOUND
+    if t.stored_responses is not None:
+        return t.stored_responses
+    plan = runtime.plans.get(t.plan)
+    return plan.stored_responses if plan is not None else _DEFAULT_STORED_BOUND
+
+
 def _weight(runtime: Runtime, tenant: str | None) -> float:
     """The tenant's fair-queuing weight: its own, else its plan's, else 1."""
     t = runtime.tenants.get(tenant or "")
@@ -533,25 +589,21 @@ def _weight(runtime: Runtime, tenant: str | None) -> float:
 
 def _upstream_body(parsed: ParsedRequest, body: bytes, upstream_model: str, api: str,
                    request_id: str
-                   ) -> tuple[bytes, StreamScanner | None, ModelRenamer | None,
-                              IdRewriter | None]:
+                   ) -> tuple[bytes, StreamScanner | None, AnswerRewriter]:
     """The body for the backend (its model name; streams always ask for usage, which the
-    scanner strips if the client did not ask), the stream's scanner, the renamer that gives
-    the answer back the public name, and the rewriter that gives it the gateway's id."""
+    scanner strips if the client did not ask), the stream's scanner (None: not a stream), and
+    the rewriter that gives the answer (whole, or through the scanner) the public model name,
+    whatever the engine calls its model, and the gateway's id."""
     wants_usage = request_usage(parsed.payload, parsed.stream)
     if upstream_model != parsed.model or not wants_usage:
         parsed.payload["model"] = upstream_model
         body = _encoder.encode(parsed.payload)
-    renamer = ModelRenamer(upstream_model, parsed.model) if upstream_model != parsed.model \
-        else None
     prefix = _ID_PREFIXES.get(api)
-    ids = IdRewriter(prefix + request_id) if prefix is not None else None
-    scanner: StreamScanner | None = None
-    if parsed.stream:
-        scanner = (StreamScanner(strip_usage=not wants_usage)
-                   if renamer is None and ids is None
-                   else RenamingScanner(renamer, strip_usage=not wants_usage, ids=ids))
-    return body, scanner, renamer, ids
+    rewriter = AnswerRewriter(parsed.model, prefix + request_id if prefix is not None else None,
+                              upstream_model)
+    scanner = (RenamingScanner(rewriter, strip_usage=not wants_usage) if parsed.stream
+               else None)
+    return body, scanner, rewriter
 
 
 #: the id prefix of each API's answers (OpenAI's); embeddings answers carry no id
@@ -572,6 +624,14 @@ def _route_tokens(admitted: Admitted | None, size: int) -> int:
     tokenised for this alone)."""
     split = admitted.split if admitted is not None else None
     return split.total if split is not None else size // 4
+
+
+def _count_rejected_usage(metrics: Metrics, ctx: RequestContext) -> None:
+    """A backend's usage that was not believed (its record holds the estimate) is counted per
+    backend and kind (``gateway_backend_usage_rejected_total``)."""
+    kind = rejection_kind(ctx.usage.estimate_reason) if ctx.usage is not None else None
+    if kind is not None:
+        metrics.usage_rejected(ctx.pool or "", ctx.backend or "", kind)
 
 
 def _actual(usage: TokenUsage | None) -> tuple[int | None, int]:

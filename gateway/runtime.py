@@ -9,6 +9,7 @@ for backends that stay.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from gateway.config import key_hashes
 from gateway.quota.admission import scopes_for
 from gateway.quota.calls import CallLimiter
 from gateway.routing.router import Router
+from gateway.upstream.engines import cache_mode, unisolated
 
 if TYPE_CHECKING:
     from gateway.auth.keystore import KeyStore
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
     from gateway.quota import Scope
 
 __all__ = ["Runtime"]
+
+_log = logging.getLogger("gateway.runtime")
 
 
 def _without_none(value: Any) -> Any:
@@ -78,6 +82,12 @@ class Runtime:
             policy, previous.cache_salts.secret if previous is not None
             else (lambda: load_secret(policy)))
         self.prices = PriceTable.from_mapping(_without_none(msgspec.to_builtins(policy.prices)))
+        for state in self.router.pools.values():
+            engine = unisolated(state, policy.isolation.cache)
+            if engine is not None:
+                _log.warning("pool %s: its engine (%s) takes no prompt-cache salt or switch, so "
+                             "its tenants share its prompt cache; set cache_isolation: shared "
+                             "to say so", state.name, engine)
 
     def scopes(
         self, tenant: str | None, key_id: str | None, key_limits: dict[str, int] | None,
@@ -101,9 +111,10 @@ class Runtime:
         return scopes
 
     def cache_mode(self, pool: str) -> CacheIsolation:
-        """How the engines of ``pool`` keep tenants apart in their prompt caches."""
-        config = self.router.pools[pool].config
-        return config.cache_isolation or self.policy.isolation.cache
+        """How the engines of ``pool`` keep tenants apart in their prompt caches: its own
+        ``cache_isolation``, else what its engine takes (``upstream/engines.py``)."""
+        state = self.router.pools[pool]
+        return state.config.cache_isolation or cache_mode(state, self.policy.isolation.cache)
 
     def placement(self, tenant: str | None) -> tuple[str | None, str | None]:
         """The (team, organization) a tenant belongs to; (None, None) outside any."""

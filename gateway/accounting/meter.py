@@ -3,9 +3,11 @@
 Before forwarding, :func:`count_prompt` splits the prompt (system, history, new, tools) for
 the admission estimate; after the response, :func:`meter` combines that split (or counts it
 now, if admission did not need it) with what the backend reported or, failing that, with the
-delivered text, and prices the result. Large work - a large prompt not counted yet, a large
-body, a stream whose backend reported no usage - runs on the counting thread
-(:mod:`gateway.accounting.offload`), so the event loop never stalls on it.
+delivered text, and prices the result; the backend's figures count only if they hold for the
+request (``usage_bounds``: the prompt's own count, its max output tokens, the model's context
+length, in ``limits``), else the gateway's estimate is billed. Large work - a large prompt not
+counted yet, a large body, a stream whose backend reported no usage or usage not believed - runs
+on the counting thread (:mod:`gateway.accounting.offload`), so the event loop never stalls on it.
 
 A request that failed before any output (no backend answered, the backend answered an error, a
 stream broke before its first token) goes through :func:`meter_failed`: it keeps its token
@@ -22,6 +24,7 @@ import msgspec
 from gateway.accounting.offload import OFFLOAD_BYTES, off_loop
 from gateway.accounting.prices import CostBreakdown
 from gateway.accounting.record import account_body, account_stream
+from gateway.accounting.usage_bounds import screen
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
     from gateway.accounting.split import PromptCounter, PromptSplit
     from gateway.accounting.sse import Scanner
     from gateway.accounting.usage import Shape
+    from gateway.accounting.usage_bounds import UsageLimits
 
 __all__ = ["count_prompt", "meter", "meter_failed"]
 
@@ -57,12 +61,13 @@ async def meter(
     price: ModelPrice | None,
     batch: bool,
     shape: Shape = "openai",
+    limits: UsageLimits | None = None,
 ) -> TokenUsage:
     """Tokens by kind and their cost, after the response (off the latency path).
 
     ``size`` is the request body's length; ``split`` the prompt's count if admission made
     one; ``body`` the whole answer (non-streamed, in the usage ``shape`` of its API) or
-    ``scanner`` the stream's scanner.
+    ``scanner`` the stream's scanner; ``limits`` what the request allows its usage to be.
     """
     remember = operation == "chat"
 
@@ -70,14 +75,26 @@ async def meter(
         prompt = split or count_prompt(counter, operation, payload)
         if scanner is not None:
             return account_stream(prompt, scanner, counter, price=price, batch=batch,
-                                  remember_reply=remember)
+                                  remember_reply=remember, limits=limits)
         return account_body(prompt, body or b"", counter, price=price, batch=batch,
-                            remember_reply=remember, shape=shape)
+                            remember_reply=remember, shape=shape, limits=limits)
 
     large = ((split is None and size > OFFLOAD_BYTES)
-             or (scanner is not None and scanner.usage is None)
+             or _counts_text(scanner, split, limits)
              or len(body or b"") > OFFLOAD_BYTES)
     return await off_loop(count) if large else count()
+
+
+def _counts_text(scanner: Scanner | None, split: PromptSplit | None,
+                 limits: UsageLimits | None) -> bool:
+    """Whether a stream's delivered text will be tokenised: its usage is absent or will not
+    hold (a hostile backend's long answer is counted off the loop like any other)."""
+    if scanner is None:
+        return False
+    usage = scanner.usage
+    if usage is None or usage.rejected is not None:
+        return True
+    return split is not None and screen(split, usage, limits)[0] is None
 
 
 async def meter_failed(

@@ -1,11 +1,15 @@
 """The usage result of one request: tokens by bucket, cost; what the ledger record carries.
 
-When the backend reported usage, its figures are the truth: the gateway's split is fitted to its
+When the backend reported usage that holds (``usage_bounds``: every figure a count, within what
+the request can have used), its figures are the truth: the gateway's split is fitted to its
 ``prompt_tokens`` (``apportion.fit_split``), its cache read and cache write are parts of that
 total, its ``completion_tokens`` is the output and its reasoning tokens a part of that. When it
-did not (a stream cut short, a backend that ignores ``include_usage``, a body without usage), the
-gateway's own counts stand, the output is the delivered text counted with the tokenizer, and the
-record is marked ``estimated``; nothing is reported as cached, cache-written or reasoning then.
+did not (a stream cut short, a backend that ignores ``include_usage``, a body without usage) or
+its usage does not hold (``1e30``, ``null``, ``-1``, ten times the prompt), the gateway's own
+counts stand, the output is the delivered text counted with the tokenizer, and the record is
+marked ``estimated`` with the reason (``estimate_reason``); nothing is reported as cached,
+cache-written or reasoning then. Only that validated figure reaches the bill, the quota settle
+and the next turn's history count.
 
 The buckets, each token in exactly one of each row:
 
@@ -23,11 +27,13 @@ import msgspec
 from gateway.accounting.apportion import fit_split
 from gateway.accounting.prices import CostBreakdown, ModelPrice, price_usage
 from gateway.accounting.usage import text_from_body, usage_from_body
+from gateway.accounting.usage_bounds import NO_USAGE, screen
 
 if TYPE_CHECKING:
     from gateway.accounting.split import PromptCounter, PromptSplit
     from gateway.accounting.sse import Scanner
     from gateway.accounting.usage import BackendUsage, Shape
+    from gateway.accounting.usage_bounds import UsageLimits
 
 __all__ = ["TokenUsage", "account", "account_body", "account_stream"]
 
@@ -49,8 +55,11 @@ class TokenUsage(msgspec.Struct, frozen=True, kw_only=True):
     #: of ``output``, the reasoning tokens (``completion_tokens_details.reasoning_tokens``)
     reasoning: int = 0
     prompt_total: int = 0
-    #: True when the backend reported no usage and these are the gateway's own counts
+    #: True when these are the gateway's own counts: the backend reported no usage, or usage
+    #: that could not be believed
     estimated: bool = False
+    #: why they are (``usage_bounds``: ``no_usage``, ``too_large:prompt_tokens``, ...)
+    estimate_reason: str | None = None
     #: image/audio/file parts in the prompt, whose tokens the gateway could only estimate
     non_text_parts: int = 0
     cost: CostBreakdown | None = None
@@ -63,8 +72,16 @@ def account(
     estimated_output: int = 0,
     price: ModelPrice | None = None,
     batch: bool = False,
+    reason: str | None = None,
 ) -> TokenUsage:
-    """Combine the gateway's split with the backend's usage (or the estimate) and price it."""
+    """Combine the gateway's split with the backend's usage (or the estimate) and price it.
+
+    ``reported`` is usage already screened (``usage_bounds.screen``); one read with a problem
+    (``rejected``) counts as none. ``reason``: why there is none (default ``no_usage``).
+    """
+    if reported is not None and reported.rejected is not None:
+        reason = reported.rejected
+        reported = None
     if reported is not None:
         parts = fit_split(split, reported.prompt_tokens)
         output, reasoning = reported.completion_tokens, reported.reasoning_tokens
@@ -100,6 +117,7 @@ def account(
         reasoning=reasoning,
         prompt_total=parts.total,
         estimated=reported is None,
+        estimate_reason=None if reported is not None else reason or NO_USAGE,
         non_text_parts=parts.non_text_parts,
         cost=cost,
     )
@@ -113,15 +131,17 @@ def account_stream(
     price: ModelPrice | None = None,
     batch: bool = False,
     remember_reply: bool = False,
+    limits: UsageLimits | None = None,
 ) -> TokenUsage:
-    """Usage of a finished (or abandoned) stream; counts the delivered text only if needed.
+    """Usage of a finished (or abandoned) stream; counts the delivered text only if needed
+    (no usage, or usage that does not hold for the request's ``limits``).
 
     With ``remember_reply`` (chat), a plain-text reply is counted into the cache for next turn.
     """
-    reported = scanner.usage
+    reported, reason = screen(split, scanner.usage, limits)
     estimate = 0 if reported is not None else counter.count_text(scanner.delivered_text())
     reply = scanner.reply_text() if remember_reply else None
-    return _finish(split, reported, estimate, reply, counter, price, batch)
+    return _finish(split, reported, reason, estimate, reply, counter, price, batch)
 
 
 def account_body(
@@ -133,24 +153,27 @@ def account_body(
     batch: bool = False,
     remember_reply: bool = False,
     shape: Shape = "openai",
+    limits: UsageLimits | None = None,
 ) -> TokenUsage:
-    """Usage of a non-streamed response body; counts its text only if it carries no usage.
+    """Usage of a non-streamed response body; counts its text only if its usage is absent or
+    does not hold for the request's ``limits``.
 
     With ``remember_reply`` (chat), the reply is counted into the cache for the next turn.
     ``shape``: the API of the body (a Messages or Responses answer passed through unchanged
-    has its own usage shape; its text is not read for an estimate).
+    has its own usage shape, and its own text).
     """
-    reported = usage_from_body(body, shape)
-    chat = shape == "openai"
-    text = text_from_body(body) if chat and (reported is None or remember_reply) else ""
+    reported, reason = screen(split, usage_from_body(body, shape), limits)
+    remember = remember_reply and shape == "openai"
+    text = text_from_body(body, shape) if reported is None or remember else ""
     estimate = 0 if reported is not None else counter.count_text(text)
-    return _finish(split, reported, estimate, text if remember_reply else None, counter, price,
-                   batch)
+    return _finish(split, reported, reason, estimate, text if remember else None, counter,
+                   price, batch)
 
 
 def _finish(
     split: PromptSplit,
     reported: BackendUsage | None,
+    reason: str | None,
     estimate: int,
     reply: str | None,
     counter: PromptCounter,
@@ -162,4 +185,5 @@ def _finish(
         counter.remember_reply(
             reply, reported.completion_tokens if reported is not None else estimate
         )
-    return account(split, reported, estimated_output=estimate, price=price, batch=batch)
+    return account(split, reported, estimated_output=estimate, price=price, batch=batch,
+                   reason=reason)

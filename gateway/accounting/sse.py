@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from gateway.accounting.usage import BackendUsage, WireUsage
+from gateway.accounting.usage import BackendUsage, WireUsage, malformed_usage, timings_cache_n
 from gateway.errors import error_body
 
 if TYPE_CHECKING:
@@ -142,6 +142,8 @@ class ChatChunk(msgspec.Struct, gc=False):
     usage: Any = None
     #: a backend's mid-stream error object
     error: Any = None
+    #: llama.cpp's ``timings`` (on the last chunk): ``cache_n`` is its cache read
+    timings: Any = None
 
 
 _decode_chunk = msgspec.json.Decoder(ChatChunk).decode
@@ -333,13 +335,14 @@ class StreamScanner:
                 usage = _to_wire(parsed.usage, WireUsage)
             except msgspec.ValidationError:
                 self.malformed += 1  # counted as a malformed event, its text too
+                self.usage = malformed_usage()  # not believed: the gateway estimates
                 return None
         self.events += 1
         if parsed.choices:
             self._collect(parsed.choices)
         if usage is None:
             return None
-        self.usage = usage.normalise()
+        self.usage = usage.normalise(timings_cache_n(parsed.timings))
         if not self._strip:
             return None
         return _without_usage(payload) if parsed.choices else b""

@@ -6,6 +6,9 @@ like every route (``Authorization: Bearer``), errors in OpenAI's shape. ``input_
 the items the client sent in that request (``limit`` 1-100, default 20; ``order`` asc / desc,
 default desc; ``after`` / ``before`` an item id), as OpenAI does. Each call decodes a stored
 conversation, so the routes share the per-key ``server.call_limits`` of the utility routes.
+A deleted response is not found at once; its row (and its room in the tenant's
+``stored_responses`` bound) goes at once too, unless a later stored response continues it:
+then it goes with that one.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from gateway.ledger.sql.usage_query import (
 from gateway.ledger.window import WindowError, iso_hour, read_window
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Awaitable, Callable, Sequence
 
     from gateway.ledger.aggregate import UsageRow
     from gateway.ledger.sql.store import SqlLedger
@@ -96,9 +96,15 @@ def _unavailable() -> LedgerReadUnavailable:
                                  headers={"Retry-After": "1"})
 
 
-def usage_handlers(current: Callable[[], Runtime], ledger: SqlLedger) -> list[Any]:
+def usage_handlers(current: Callable[[], Runtime], ledger: SqlLedger,
+                   caught_up: Callable[[], Awaitable[None]] | None = None) -> list[Any]:
     """Route handlers over the policy in force (authentication, the price currency) and the
-    ledger of record."""
+    ledger of record. ``caught_up``: awaited before each read, so the records of answers
+    already given are in it (the workers' buffers flushed: read your own writes)."""
+
+    async def catch_up() -> None:
+        if caught_up is not None:
+            await caught_up()
 
     async def rows(request: Request[Any, Any, Any], tenant: str | None,
                    default_group: Sequence[str]) -> dict[str, Any]:
@@ -108,6 +114,7 @@ def usage_handlers(current: Callable[[], Runtime], ledger: SqlLedger) -> list[An
                                  start=query.get("start"), end=query.get("end"))
             group = parse_group_by(query.get("group_by"), default_group)
             limit = _limit(query.get("limit"))
+            await catch_up()
             page = await ledger.usage_rows(tenant, window.lo, window.hi, group, limit=limit,
                                            after=query.get("after"))
         except (WindowError, UsageQueryError) as exc:
@@ -157,6 +164,7 @@ def usage_handlers(current: Callable[[], Runtime], ledger: SqlLedger) -> list[An
                 check_text(tenant, "tenant")
             except UsageQueryError as exc:
                 raise InvalidRequest(str(exc), param="tenant") from None
+        await catch_up()
         records = ledger.export(start_ms, end_ms, tenant or None)
         if format == "csv":
             return Stream(stream_csv(records), media_type="text/csv")
@@ -173,6 +181,7 @@ def usage_handlers(current: Callable[[], Runtime], ledger: SqlLedger) -> list[An
             raise InvalidRequest(f"day: {day[:64]!r} is not a day (YYYY-MM-DD)",
                                  param="day") from None
         try:
+            await catch_up()
             drifts = await ledger.drift(tenant, when)
         except LedgerUnavailable:
             raise _unavailable() from None

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from gateway.accounting.sse import ChatChunk
     from gateway.accounting.usage import BackendUsage
-    from gateway.errors import GatewayError
+    from gateway.errors import GatewayError, InvalidRequest
 
 __all__ = ["Frontend", "StreamTranslator", "Translated"]
 
@@ -39,15 +39,23 @@ class Translated(msgspec.Struct, frozen=True):
     ``chat``: the chat completions payload sent to a backend that does not speak the API (and
     what the gateway counts, classifies and routes by); ``model``: the public model name;
     ``stream``: the client asked for a stream; ``max_output``: the output bound for quotas
-    (None: the model's default). A frozen Struct rather than a frozen dataclass: it is made for
-    every translated request, and a frozen dataclass's ``__init__`` (``object.__setattr__``
-    per field) cost a third of the Responses check-and-translate.
+    (None: the model's default). What the translation leaves out is kept for the pipeline's
+    choice between passing the request through and translating it (``apis.ignored``):
+    ``ignored``, the client's fields a translation drops (named in ``x-gateway-ignored``);
+    ``refusal``, why the request cannot be translated (a 400 only if it is translated);
+    ``effort``, the client field that set chat's ``reasoning_effort`` (named instead when the
+    backend takes no ``reasoning_effort``). A frozen Struct rather than a frozen dataclass: it
+    is made for every translated request, and a frozen dataclass's ``__init__``
+    (``object.__setattr__`` per field) cost a third of the Responses check-and-translate.
     """
 
     chat: dict[str, Any]
     model: str
     stream: bool
     max_output: int | None = None
+    ignored: tuple[str, ...] = ()
+    refusal: InvalidRequest | None = None
+    effort: str | None = None
 
 
 class StreamTranslator(abc.ABC):
@@ -153,6 +161,9 @@ class Frontend(abc.ABC):
     path: str
     #: the backend path when passed through unchanged
     upstream_path: str
+    #: the request fields that bound its output, checked against the model's
+    #: ``max_output_tokens`` before admission (``gateway.apis.limits``)
+    output_fields: tuple[str, ...] = ()
     #: its stream reports the prompt's tokens before the backend's usage arrives (Anthropic's
     #: ``message_start``): only then does a translated stream have the prompt counted for it
     #: (``stream``'s ``prompt_tokens``; 0 otherwise, the tokenising skipped)

@@ -825,6 +825,7 @@ class MessagesFrontend(Frontend):
     path = "/v1/messages"
     upstream_path = "/v1/messages"
     stream_counts_prompt = True  # ``message_start`` carries the input tokens
+    output_fields = ("max_tokens",)
 
     def translate(self, payload: dict[str, Any],
                   earlier: list[dict[str, Any]] | None = None) -> Translated:

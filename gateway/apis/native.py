@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from gateway.accounting.usage import usage_from_mapping
+from gateway.accounting.usage import checked_usage
 
 if TYPE_CHECKING:
     from gateway.accounting.usage import BackendUsage
@@ -94,7 +94,7 @@ class NativeStreamScanner:
             usage = event.get("usage")
             if isinstance(usage, dict):  # cumulative figures: the later ones win
                 self._anthropic_usage.update({k: v for k, v in usage.items() if v is not None})
-            self.usage = usage_from_mapping(self._anthropic_usage, "anthropic")
+            self.usage = checked_usage(self._anthropic_usage, "anthropic")
         elif kind == "message_stop":
             self.done = True
 
@@ -107,7 +107,7 @@ class NativeStreamScanner:
             response = event.get("response")
             usage = response.get("usage") if isinstance(response, dict) else None
             if isinstance(usage, dict):
-                self.usage = usage_from_mapping(usage, "responses")
+                self.usage = checked_usage(usage, "responses")
             self.done = True
 
     def error_event(self, error: GatewayError) -> bytes:

@@ -16,6 +16,7 @@ for the stored response.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, cast
@@ -31,7 +32,7 @@ from gateway.errors import (
     ModelNotFound,
     RateLimited,
 )
-from gateway.upstream.rename import IdRewriter, ModelRenamer
+from gateway.upstream.rename import AnswerRewriter
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -61,7 +62,9 @@ class Upstream:
     path: str
     body: bytes
     scanner: Scanner | None
-    renamer: ModelRenamer | None
+    #: a passed-through answer's rewriter (the public model name and the gateway's id for
+    #: the engine's)
+    rewriter: AnswerRewriter | None
     model: str
     request_id: str
     #: the usage shape of what the backend answers
@@ -72,15 +75,22 @@ class Upstream:
     translator: StreamTranslator | None = None
     #: the last whole answer ``answer`` translated, as an object
     answered: dict[str, Any] | None = None
-    #: a passed-through answer's id rewriter (the gateway's id for the backend's)
-    ids: IdRewriter | None = None
+    #: the model name the engine answered a translated whole answer with (for the trace)
+    answered_model: str | None = None
+
+    @property
+    def backend_model(self) -> str | None:
+        """The model name the engine answered with, when known (traces only)."""
+        if self.rewriter is not None:
+            return self.rewriter.backend_model
+        return self.answered_model
 
     def answer(self, status: int, body: bytes) -> bytes:
         """The client's body for a whole answer of the backend."""
         if self.native:
-            if self.ids is not None and status < 400:
-                body = self.ids.whole(body)
-            return self.renamer.whole(body) if self.renamer is not None else body
+            if self.rewriter is not None and status < 400:
+                body = self.rewriter.whole(body)
+            return body
         if status >= 400:
             return self.frontend.error(_backend_error(status, body))[1]
         try:
@@ -89,6 +99,8 @@ class Upstream:
             return self.frontend.error(_backend_error(502, b""))[1]
         if not isinstance(chat, dict):
             return self.frontend.error(_backend_error(502, b""))[1]
+        engine_model = chat.get("model")
+        self.answered_model = engine_model if isinstance(engine_model, str) else None
         self.answered = self.frontend.answer(chat, model=self.model,
                                              request_id=self.request_id, request=self.request)
         return _encode(self.answered)
@@ -103,7 +115,8 @@ class Upstream:
                 return None
             if not self.native:
                 return final
-            gateway_id = {"id": self.ids.gateway_id} if self.ids is not None else {}
+            new_id = self.rewriter.gateway_id if self.rewriter is not None else None
+            gateway_id = {"id": new_id} if new_id is not None else {}
             return {**final, "model": self.model, **gateway_id}
         if self.answered is not None:
             return self.answered
@@ -130,24 +143,25 @@ def plan_upstream(
     """Pass through (the pool speaks the API) or translate to chat; the body, the path, the
     stream's scanner and the model renamer that go with it. ``prompt_tokens`` counts the
     prompt: called only for a translated stream whose front-end reports it up front
-    (``Frontend.stream_counts_prompt``), since the count may tokenise the whole prompt."""
-    renamer = ModelRenamer(upstream_model, parsed.model) if upstream_model != parsed.model \
-        else None
+    (``Frontend.stream_counts_prompt``), since the count may tokenise the whole prompt.
+    A translated answer is built with the public name; a passed-through one has the engine's
+    model name (whatever it is) and id rewritten."""
     if (speaks(pool, frontend.name) and parsed.native is not None
             and parsed.native.get("previous_response_id") is None):
         native = dict(parsed.native)
         native["model"] = upstream_model
         prefix = _NATIVE_IDS.get(frontend.name)
-        ids = IdRewriter(prefix + request_id) if prefix is not None else None
+        gateway_id = prefix + request_id if prefix is not None else None
+        # one rewriter: a stream's scanner feeds it, or ``answer`` a whole body (never both)
+        rewriter = AnswerRewriter(parsed.model, gateway_id, upstream_model)
         scanner: Scanner | None = None
         if parsed.stream:
             stream = frontend.stream(model=parsed.model, request_id=request_id, prompt_tokens=0,
                                      request=parsed.native)
-            scanner = _RenamedNative(frontend.name, renamer, stream.fail,
-                                     IdRewriter(ids.gateway_id) if ids is not None else None)
+            scanner = _RenamedNative(frontend.name, stream.fail, rewriter)
         return Upstream(frontend, True, frontend.upstream_path, _encode(native), scanner,
-                        renamer, parsed.model, request_id, _SHAPES.get(frontend.name, "openai"),
-                        parsed.native, ids=ids)
+                        rewriter, parsed.model, request_id, _SHAPES.get(frontend.name, "openai"),
+                        parsed.native)
     chat = dict(parsed.payload)
     chat["model"] = upstream_model
     scanner = None
@@ -164,16 +178,15 @@ def plan_upstream(
 
 
 class _RenamedNative(NativeStreamScanner):
-    """A passed-through stream read for usage, with the backend's model name rewritten;
+    """A passed-through stream read for usage, with the engine's model name and id rewritten;
     ``final``: a Responses stream's terminal object (for the stored response)."""
 
-    __slots__ = ("_ids", "_renamer", "final")
+    __slots__ = ("final", "rewriter")
 
-    def __init__(self, api: str, renamer: ModelRenamer | None,
-                 on_error: Callable[[GatewayError], bytes], ids: IdRewriter | None) -> None:
+    def __init__(self, api: str, on_error: Callable[[GatewayError], bytes],
+                 rewriter: AnswerRewriter) -> None:
         super().__init__(api, on_error=on_error)
-        self._renamer = renamer
-        self._ids = ids
+        self.rewriter = rewriter
         self.final: dict[str, Any] | None = None
 
     def _responses_event(self, kind: Any, event: dict[str, Any]) -> None:
@@ -183,18 +196,10 @@ class _RenamedNative(NativeStreamScanner):
             self.final = response if isinstance(response, dict) else None
 
     def feed(self, chunk: bytes) -> bytes:
-        out = super().feed(chunk)
-        if self._ids is not None:
-            out = self._ids.chunk(out)
-        return self._renamer.chunk(out) if self._renamer is not None else out
+        return self.rewriter.chunk(super().feed(chunk))
 
     def flush(self) -> bytes:
-        out = super().flush()
-        if self._ids is not None:
-            out = self._ids.chunk(out) + self._ids.flush()
-        if self._renamer is None:
-            return out
-        return self._renamer.chunk(out) + self._renamer.flush()
+        return self.rewriter.chunk(super().flush()) + self.rewriter.flush()
 
 
 @lru_cache(maxsize=16)
@@ -208,6 +213,7 @@ def _error_class(status: int) -> type[GatewayError]:
 def _backend_error(status: int, body: bytes) -> GatewayError:
     """A chat backend's error answer as a gateway error, to be shown in the client's API."""
     message = "the backend could not serve the request"
+    code: str | None = None
     try:
         data: Any = _decode(body) if body else None
     except msgspec.DecodeError:
@@ -216,4 +222,11 @@ def _backend_error(status: int, body: bytes) -> GatewayError:
         text = data["error"].get("message")
         if isinstance(text, str) and text:
             message = text[:2000]
-    return _error_class(status)(message)
+        given = data["error"].get("code")  # OpenAI's (``context_length_exceeded``), if a code
+        if isinstance(given, str) and _CODE.fullmatch(given):
+            code = given
+    return _error_class(status)(message, code=code)
+
+
+#: an error code a backend's answer may pass on to the client: a short snake_case name
+_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")

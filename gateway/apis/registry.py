@@ -51,6 +51,7 @@ def translate_native(native: dict[str, Any], frontend: Frontend,
     translated = frontend.translate(native, earlier)
     parsed = ParsedRequest(translated.chat, translated.model, translated.stream)
     parsed.native = native
+    parsed.earlier = len(earlier) if earlier else 0
     return parsed, translated
 
 

@@ -257,10 +257,14 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
     @get("/readyz")
     async def readyz() -> Response[dict[str, Any]]:
         pools = await readiness.pools()
-        ready = not gateway.draining and all(pools.values())
+        # a replica that cannot make usage records durable (a full disk under the spool and
+        # the database away) would answer nothing within its bound: drain it
+        durable = gateway.ledger.durability.ok
+        ready = not gateway.draining and durable and all(pools.values())
         body = {
             "status": "ready" if ready else "not ready",
             "draining": gateway.draining,
+            "ledger": "ok" if durable else "failing",
             "pools": pools,
         }
         return Response(body, status_code=200 if ready else 503)
@@ -281,7 +285,8 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
         return Response(body, media_type=content_type)
 
     handlers += [healthz, readyz, metrics, *admin_handlers(gateway, audit),
-                 *usage_handlers(current, gateway.ledger), *openapi_handlers(current),
+                 *usage_handlers(current, gateway.ledger, gateway.ledger_caught_up),
+                 *openapi_handlers(current),
                  *shadow_handlers(current, gateway.mirror.comparisons),
                  *rollout_handlers(gateway.rollouts)]
     app = GatewayApp(

@@ -25,6 +25,7 @@ from gateway.batch import BatchRunner, make_batch_jobs
 from gateway.config import PolicyError, load_policy
 from gateway.http.base import make_upstream
 from gateway.ledger import LedgerSettings
+from gateway.ledger.journal import filesystem_of, journal_is_local
 from gateway.ledger.sql import open_ledger
 from gateway.ledger.sql.responses import ResponseStore
 from gateway.pipeline import Inbound, LineAnswer, Pipeline, Services
@@ -89,8 +90,15 @@ def ledger_url(store: Store) -> str:
 def make_ledger(store: Store) -> SqlLedger:
     """The ledger of record (PostgreSQL or SQLite), spooling locally when it is away."""
     settings = LedgerSettings(retention_days=store.usage_retention_days)
-    return open_ledger(ledger_url(store), spool_dir=store.spool_dir, settings=settings,
-                       migrate=store.ledger_migrate, deadline=store.ledger_timeout)
+    ledger = open_ledger(ledger_url(store), spool_dir=store.spool_dir, settings=settings,
+                         migrate=store.ledger_migrate, deadline=store.ledger_timeout)
+    if journal_is_local(store.spool_dir):
+        ledger.auto_mode = "process"
+    elif store.ledger_durability == "auto":
+        _log.warning("ledger: spool_dir %s is on a network file system (%s); "
+                    "ledger_durability auto waits for the database's commit",
+                    store.spool_dir, filesystem_of(store.spool_dir))
+    return ledger
 
 
 def make_quota_store(store: Store, alerts: AlertSink | None = None) -> QuotaStore:
@@ -222,7 +230,8 @@ class Gateway:
         shared = workers_dir()
         if shared is not None:
             self.siblings = Siblings(shared, {"reload": self._reload_for_sibling,
-                                              "flush": self._flush_for_sibling})
+                                              "flush": self._flush_for_sibling,
+                                              "ledger": self._flush_ledger})
             await self.siblings.start()
         await self.upstream.start()
         await self.ledger.start()
@@ -262,6 +271,24 @@ class Gateway:
     async def _reload_for_sibling(self) -> dict[str, Any]:
         """Another worker reloaded (admin call, SIGHUP): re-read the policy here too."""
         return await self.reload_logged("a sibling worker", propagate=False)
+
+    async def ledger_caught_up(self) -> None:
+        """Every usage record of an answer already given is in the ledger (or its spool):
+        this worker's buffer flushed, and its siblings' (a usage read right after an answer
+        sees it whatever the durability mode). Bounded by ``store.ledger_timeout``; a read
+        after a timeout answers from what is there."""
+        bound = self.runtime.policy.store.ledger_timeout
+        if self.siblings is not None:
+            await self.siblings.broadcast("ledger", bound)
+        await self._flush_ledger()
+
+    async def _flush_ledger(self) -> dict[str, Any]:
+        try:
+            async with asyncio.timeout(self.runtime.policy.store.ledger_timeout):
+                await self.ledger.flush()
+        except Exception:  # a read goes on with what is stored: the failure is logged once
+            return {"flushed": False}
+        return {"flushed": True}
 
     async def _flush_for_sibling(self) -> dict[str, Any]:
         """Another worker is answering ``/metrics``: put what waits here into the shared
@@ -318,7 +345,8 @@ class Gateway:
             {"stored": st.stored, "duplicate": st.duplicates, "spooled": st.spooled,
              "replayed": st.replayed, "unparseable": st.spool_bad_lines}, st.max_lag_ms,
             journaled=journal.unstored if journal is not None else 0,
-            journal_failed=journal is not None and journal.broken)
+            journal_failed=journal is not None and journal.broken,
+            durable=ledger.durability.ok, database_up=getattr(ledger, "database_up", True))
         st.max_lag_ms = 0.0  # the gauge reports the worst lag of each second
 
     async def _gauge_loop(self) -> None:
@@ -332,6 +360,8 @@ class Gateway:
                 for b in pool.backends:
                     self.metrics.set_inflight(pool.name, b.label, b.in_flight)
                     self.metrics.set_backend_health(pool.name, b.label, b.healthy(now))
+                    if pool.config.signals is not None:
+                        self.metrics.set_signals_missing(pool.name, b.label, b.signals_missing)
             self._report_ledger()
             degraded = getattr(self.quota, "degraded", None)
             if degraded is not None:

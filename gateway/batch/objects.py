@@ -15,6 +15,7 @@ import msgspec
 __all__ = [
     "ACTIVE",
     "FINAL",
+    "ID_BYTES",
     "BatchRecord",
     "FileRecord",
     "LineResult",
@@ -30,12 +31,20 @@ ACTIVE = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
 FINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 
 
+#: random bytes in a file or batch id: 128 bits, so an id cannot be guessed (nor found by
+#: counting from one seen); a batch's output and error files are named after its id, so they
+#: carry the same 128 bits
+ID_BYTES = 16
+
+
 def new_file_id() -> str:
-    return "file-" + os.urandom(12).hex()
+    """An uploaded file's id: ``file-`` and 128 random bits (32 hex digits), no counter."""
+    return "file-" + os.urandom(ID_BYTES).hex()
 
 
 def new_batch_id() -> str:
-    return "batch_" + os.urandom(12).hex()
+    """A batch's id: ``batch_`` and 128 random bits (32 hex digits), no counter."""
+    return "batch_" + os.urandom(ID_BYTES).hex()
 
 
 class FileRecord(msgspec.Struct, kw_only=True):

@@ -22,6 +22,7 @@ __all__ = [
     "CacheIsolation",
     "CallLimits",
     "ClientLimits",
+    "Engine",
     "Health",
     "Isolation",
     "Lend",
@@ -45,6 +46,7 @@ __all__ = [
     "Shed",
     "Signals",
     "Store",
+    "StoredResponseLimits",
     "Team",
     "Tenant",
     "Timeouts",
@@ -59,6 +61,11 @@ PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
 
 #: a client API a backend may speak natively
 ApiName = Literal["chat", "responses", "messages"]
+#: the inference server behind a backend; it decides the engine signals read from its
+#: ``/metrics``, how tenants are kept apart in its prompt cache (``cache_salt`` or
+#: ``cache_prompt: false``), where it reports cached prompt tokens, and which of its error
+#: answers are given OpenAI's shape (``gateway/upstream/engines.py``)
+Engine = Literal["vllm", "sglang", "llamacpp", "tgi", "ollama", "openai", "anthropic"]
 
 
 class _Base(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
@@ -78,6 +85,9 @@ class Backend(_Base, frozen=True):
     #: "messages"): a request in one of them passes through unchanged when every backend of
     #: its pool speaks it, and is translated to chat completions otherwise
     api: ApiName | list[ApiName] = "chat"
+    #: the inference server it runs (default: its pool's ``engine``; unset there too: read
+    #: from the names of its ``/metrics`` when the pool scrapes ``signals``, else unknown)
+    engine: Engine | None = None
 
     @property
     def label(self) -> str:
@@ -157,7 +167,11 @@ class Shed(_Base, frozen=True):
 
 
 class Signals(_Base, frozen=True):
-    """Scrape vLLM/SGLang-style engine metrics to steer backend choice."""
+    """Scrape each backend's engine metrics (Prometheus text) to steer backend choice: its
+    waiting and running requests and KV-cache use, under its engine's names (vLLM, SGLang,
+    llama.cpp with ``--metrics``, TGI; ``gateway/upstream/engines.py``). A backend whose
+    answer holds none of them logs one warning and shows in
+    ``gateway_engine_signals_missing``."""
 
     path: str = "/metrics"
     interval: PositiveFloat = 1.0
@@ -206,7 +220,9 @@ class Isolation(_Base, frozen=True):
     ``share_cache``, or of one ``cache_group``, share one salt.
     """
 
-    #: the engines' isolation in pools that set none
+    #: the engines' isolation in pools that set none: ``shared`` for all of them; else the
+    #: way a pool's known ``engine`` isolates (``salt``: vLLM, SGLang; ``no_cache``:
+    #: llama.cpp; nothing for engines that take neither), and this for an unknown engine
     cache: CacheIsolation = "salt"
     #: environment variable holding the secret the salts derive from; unset: a secret made
     #: once in ``store.data_dir`` (one host: set the same secret on every replica so that a
@@ -225,7 +241,14 @@ class Pool(_Base, frozen=True):
     strategy: Literal["least_loaded", "round_robin", "prefix"] = "least_loaded"
     #: a pool tried when every backend of this one failed the request
     fallback: Name | None = None
-    #: requests waiting for a free backend, at most
+    #: requests waiting for a free backend, at most. With ``fair`` the places are shared by
+    #: weight between the tenants waiting: a tenant alone may fill them all, and once they are
+    #: full a tenant's request takes the place of the last waiter of the tenant with the most
+    #: waiting per unit of weight (that tenant's request is refused, 503), unless that is its
+    #: own tenant: so a flood refuses only itself, and another tenant always has room for its
+    #: share. A request that may start at once (a free slot, or ``fair_headroom`` for a tenant
+    #: below its share) is never refused for the queue's length. ``fair: false``: the whole
+    #: queue's bound refuses everyone
     queue_size: Annotated[int, msgspec.Meta(ge=0)] = 1024
     #: lets lower classes borrow this pool while it has headroom (set on interactive pools)
     borrow: Borrow | None = None
@@ -266,9 +289,14 @@ class Pool(_Base, frozen=True):
     prefill_aware: bool = True
     #: settings of ``strategy: prefix`` (default settings when left out)
     prefix: PrefixRouting | None = None
-    #: how this pool's engines keep tenants apart in their prompt caches (default: the
-    #: policy's ``isolation.cache``); see :class:`Isolation`
+    #: how this pool's engines keep tenants apart in their prompt caches (default: what its
+    #: engine takes, ``salt`` for vLLM and SGLang, ``no_cache`` for llama.cpp, ``shared`` for
+    #: engines that take neither, unless ``isolation.cache`` is ``shared``; a backend of
+    #: unknown engine, or engines that isolate differently: ``isolation.cache``); see
+    #: :class:`Isolation`
     cache_isolation: CacheIsolation | None = None
+    #: the inference server of its backends that set none (see :data:`Engine`)
+    engine: Engine | None = None
 
     def __post_init__(self) -> None:
         if self.prefix is not None and self.strategy != "prefix":
@@ -451,6 +479,14 @@ class Prices(_Base, frozen=True):
     tenants: dict[str, dict[str, PriceOverride]] = msgspec.field(default_factory=dict)
 
 
+#: the output bound of a model that sets no ``max_output_tokens`` and has no context length to
+#: derive one from: above the longest answer of most served models (raise it per model for
+#: long reasoning outputs) while keeping a single request's quota reservation to 32k tokens
+DEFAULT_MAX_OUTPUT_TOKENS = 32768
+#: the largest ``max_output_tokens`` a policy may set (far above any model's context window)
+MAX_OUTPUT_TOKENS_LIMIT = 10_000_000
+
+
 class Model(_Base, frozen=True):
     """A public model name clients ask for, mapped to pools and the name the backend knows."""
 
@@ -459,8 +495,16 @@ class Model(_Base, frozen=True):
     pool: Name
     #: tokenizer for the gateway's own counts (the backend's usage figures stay authoritative)
     encoding: Literal["o200k_base", "cl100k_base"] = "o200k_base"
-    #: output tokens reserved against token quotas when a request sets no max_tokens
+    #: output tokens reserved against token quotas when a request sets no max_tokens (at most
+    #: the model's output bound, ``output_ceiling``)
     default_max_tokens: PositiveInt = 1024
+    #: the largest output limit a request may ask for, in every API's field (chat
+    #: ``max_tokens`` and ``max_completion_tokens``, completions ``max_tokens``, Responses
+    #: ``max_output_tokens``, Messages ``max_tokens``): above it the request is answered 400
+    #: naming the field and this bound, before admission, so nothing is reserved or forwarded.
+    #: Unset: the model's ``context_length`` should the model config gain that key (it has
+    #: none yet), else 32768 (see ``output_ceiling``)
+    max_output_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_OUTPUT_TOKENS_LIMIT)] | None = None
     #: request class -> pool, e.g. {interactive: chat-h100, batch: bulk-h100}
     pools: dict[str, Name] = msgspec.field(default_factory=dict)
     #: the model name sent to the backend; defaults to the public name
@@ -472,6 +516,25 @@ class Model(_Base, frozen=True):
     sticky: Literal["none", "key", "conversation"] = "none"
     shadow: Shadow | None = None
 
+    def __post_init__(self) -> None:
+        if self.default_max_tokens > self.output_ceiling:
+            raise ValueError(
+                f"model '{self.name}': default_max_tokens ({self.default_max_tokens}) is above "
+                f"its max_output_tokens ({self.output_ceiling})"
+            )
+
+    @property
+    def output_ceiling(self) -> int:
+        """The largest output limit a request may set: ``max_output_tokens``, else the model's
+        context length (a ``context_length`` key, when the model has one), else
+        :data:`DEFAULT_MAX_OUTPUT_TOKENS`."""
+        if self.max_output_tokens is not None:
+            return self.max_output_tokens
+        context = getattr(self, "context_length", None)  # not a policy key yet
+        if type(context) is int and context > 0:
+            return context
+        return DEFAULT_MAX_OUTPUT_TOKENS
+
     @property
     def upstream_name(self) -> str:
         return self.backend_model or self.name
@@ -481,7 +544,8 @@ class Model(_Base, frozen=True):
 
 
 class Timeouts(_Base, frozen=True):
-    """Upstream timeouts, in seconds; ``total`` also bounds relaying the answer to the client."""
+    """Upstream timeouts, in seconds; ``total`` and ``client_stall`` also bound relaying the
+    answer to the client."""
 
     connect: PositiveFloat = 5.0
     #: until the first token: the response headers, and for a stream its first chunk
@@ -492,6 +556,10 @@ class Timeouts(_Base, frozen=True):
     #: that stops reading is cut off then (response ended, backend connection closed, slot
     #: released)
     total: PositiveFloat = 900.0
+    #: the longest one write to the client may wait for it to read (the connection's send
+    #: buffer not draining): past it the stream is cancelled as if the client had left
+    #: (backend connection closed, slot released, billed for what was relayed)
+    client_stall: PositiveFloat = 30.0
 
 
 class RequestClass(_Base, frozen=True):
@@ -643,6 +711,31 @@ class LimitSet(_Base, frozen=True):
     cost_per_month: Amount | None = None
 
 
+#: ``stored_responses.max_rows`` unless a plan or tenant sets it
+DEFAULT_STORED_RESPONSES_ROWS = 1_000_000
+#: ``stored_responses.max_bytes`` unless a plan or tenant sets it: 1 GiB
+DEFAULT_STORED_RESPONSES_BYTES = 1 << 30
+
+
+class StoredResponseLimits(_Base, frozen=True):
+    """A tenant's bound on its stored responses (Responses API ``store`` not false, the
+    default), counted across every replica in the ledger's database: past either bound a
+    request that would store one more is answered 400 ``stored_responses_limit_exceeded``
+    (naming the bound, the tenant's usage and the limit) before admission, so nothing is
+    reserved or forwarded; ``store: false`` requests still run. Deleting stored responses
+    (``DELETE /v1/responses/{id}``) or their expiry (``store.responses_ttl_hours``) frees the
+    room. Checked before the request runs, so concurrent requests may pass it together: a
+    tenant can go past a bound by at most its requests in flight (rows) and their answers
+    (bytes; beyond the first request, their requests too)."""
+
+    #: stored responses the tenant keeps at once (``null``: no bound)
+    max_rows: PositiveInt | None = DEFAULT_STORED_RESPONSES_ROWS
+    #: bytes of stored responses the tenant keeps at once: each response's request, its new
+    #: chat messages and its answer, as JSON (``null``: no bound). A request is refused when
+    #: the tenant's bytes plus twice its body (its request and its messages) would pass it
+    max_bytes: PositiveInt | None = DEFAULT_STORED_RESPONSES_BYTES
+
+
 class Plan(_Base, frozen=True):
     """Limits a tenant gets; ``models`` adds per-model limits inside the tenant's."""
 
@@ -652,6 +745,10 @@ class Plan(_Base, frozen=True):
     #: its tenants' share of a busy pool, against other tenants of the same class (fair
     #: queuing): a tenant of weight 2 is served twice the tokens of one of weight 1
     weight: PositiveFloat = 1.0
+    #: each of its tenants' bound on stored responses (rows and bytes; a tenant outside any
+    #: plan gets the defaults: 1,000,000 responses, 1 GiB)
+    stored_responses: StoredResponseLimits = msgspec.field(
+        default_factory=StoredResponseLimits)
 
 
 # --- organizations, teams and budget alerts (issue 16) ---------------------------------------
@@ -717,6 +814,8 @@ class Tenant(_Base, frozen=True):
     #: tenants of one cache group share one prompt-cache salt (``isolation``): they can reuse,
     #: and so learn, each other's prompts; unset: its organization's if that shares, else its own
     cache_group: GroupName | None = None
+    #: its own bound on stored responses, in place of its plan's (default: its plan's)
+    stored_responses: StoredResponseLimits | None = None
 
 
 class Store(_Base, frozen=True):
@@ -740,18 +839,26 @@ class Store(_Base, frozen=True):
     ledger_url_env: str = "GATEWAY_LEDGER_URL"
     #: this process's own files: the embedded SQLite ledger (``ledger.db``)
     data_dir: str = "./gateway-data"
-    #: "commit": a response's last bytes go out only once its usage record is durable in the
-    #: database (committed, or fsync'd to the spool while it is away; one commit serves every
-    #: request that finished meanwhile); "journal": once the record is fsync'd to a local
-    #: journal in ``spool_dir`` (one fsync per group; the records reach the database in the
-    #: background batches of "buffered", and a dead process's journal is replayed at the next
-    #: start): survives SIGKILL like "commit", not the loss of the disk; "buffered": records
-    #: are flushed every 50 ms after the response, and a SIGKILL may lose the last ~50 ms
-    ledger_durability: Literal["commit", "journal", "buffered"] = "commit"
+    #: "auto" (the default): "process" where ``spool_dir`` is on this host's own disk, else
+    #: "commit" (a network share keeps no promise the database's commit does not keep
+    #: better). "process": the record is written to the local journal in ``spool_dir`` before
+    #: the response's last bytes (a killed process cannot lose it: the page cache is the
+    #: kernel's), its fdatasync follows in the background within a group (a host crash in
+    #: that window may lose it). "commit": a response's last bytes go out only once its usage
+    #: record is durable in the database (committed, or fsync'd to the spool while it is
+    #: away; one commit serves every request that finished meanwhile); "journal": once the
+    #: record is fsync'd to the local journal (one fsync per group; the records reach the
+    #: database in the background batches of "buffered", and a dead process's journal is
+    #: replayed at the next start): survives SIGKILL like "commit", not the loss of the disk;
+    #: "buffered": records are flushed every 50 ms after the response, and a SIGKILL may lose
+    #: the last ~50 ms
+    ledger_durability: Literal["auto", "commit", "journal", "process", "buffered"] = "auto"
     #: apply missing ledger schema migrations at start (else run ``gateway db migrate``;
     #: the embedded SQLite ledger always migrates its own file)
     ledger_migrate: bool = False
-    #: bound of one ledger flush (a transaction) before its records go to the spool, seconds
+    #: the longest a response waits for its usage record, seconds: a flush the database has
+    #: not committed within it (less 0.25 s for the spool's write) goes to the spool, and a
+    #: record neither can take by then fails its response with 503 ``usage_not_recorded``
     ledger_timeout: PositiveFloat = 2.0
     #: the local spool: usage records wait here (fsync'd) while the ledger database is away
     spool_dir: str = "./gateway-spool"

@@ -44,8 +44,9 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from gateway.ledger.health import Durability
 from gateway.ledger.sql.usage_query import DEFAULT_LIMIT
 
 if TYPE_CHECKING:
@@ -144,6 +145,11 @@ class Ledger(abc.ABC):
         self._closed = False
         #: the local journal of ``write_journaled`` (None: it is ``write_durable``)
         self.journal: Journal | None = None
+        #: whether records can be made durable now (``/readyz``, one log line per change)
+        self.durability = Durability()
+        #: what ``ledger_durability: auto`` means for this ledger (``process`` where its
+        #: spool directory is on this host's own disk), set by whoever opens it
+        self.auto_mode: Literal["commit", "process"] = "commit"
 
     # -- the write path -------------------------------------------------------------------
 
@@ -169,10 +175,21 @@ class Ledger(abc.ABC):
         in the local journal or in the store (``write_durable`` without a working journal).
         ``alone``: no other request is in flight (``Journal.append``)."""
         journal = self.journal
-        if journal is None or journal.broken or self._closed:
+        if journal is None or not journal.usable() or self._closed:
             return self.write_durable(record)
         self._append(record)
         return journal.append(record, alone=alone)
+
+    def write_process(self, record: UsageRecord) -> asyncio.Future[None] | None:
+        """``ledger_durability: process``: write the record to the local journal file now
+        (``Journal.write_now``: a killed process cannot lose it; the fdatasync follows in the
+        background) and buffer it as ``write_nowait`` does; None once written. Without a
+        working journal it is ``write_durable`` (the future to wait for)."""
+        journal = self.journal
+        if journal is None or self._closed or not journal.write_now(record):
+            return self.write_durable(record)
+        self._append(record)
+        return None
 
     def _append(self, record: UsageRecord) -> int:
         """Buffer one record; its index in the buffer (-1: spooled at once, after close).
@@ -356,8 +373,8 @@ class Ledger(abc.ABC):
         ``flush_interval`` so the batch put back is not retried in a tight loop."""
         try:
             await self._flush_batch(batch)
-        except Exception:
-            log.exception("ledger flush failed; %d records kept for retry", self.pending)
+        except Exception as exc:  # kept for retry; logged once per failing spell
+            self.durability.failed(exc)
             await asyncio.sleep(self.settings.flush_interval)
 
     async def _flush_batch(self, batch: _Batch) -> None:
@@ -372,6 +389,7 @@ class Ledger(abc.ABC):
         self._done(batch)
 
     def _done(self, batch: _Batch) -> None:
+        self.durability.recovered()
         for _, waiter in batch.waiters:
             if not waiter.done():
                 waiter.set_result(None)
@@ -394,9 +412,8 @@ class Ledger(abc.ABC):
     async def _spill_batch(self, batch: _Batch) -> None:
         try:
             await self._spill(batch.records)
-        except Exception:
-            log.exception("ledger: spilling %d records to the spool failed; kept for a flush",
-                          len(batch.records))
+        except Exception as exc:  # kept for a flush; logged once per failing spell
+            self.durability.failed(exc)
             self._put_back(batch)
             return
         self._done(batch)

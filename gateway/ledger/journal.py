@@ -16,9 +16,11 @@ previous. A record appended ``alone`` (no other request in flight) while no writ
 is written on the loop itself: there is nothing to overlap the fsync with, and the hand-off to
 the thread and back costs two cross-CPU wake-ups (~0.25 ms on this 2-vCPU VM, more than the
 fsync). A writer's future completes at whichever comes first: its journal fsync, or its
-record stored by the ledger (committed or spooled). A journal that fails (a full disk) logs an
-error once and stops taking records (``broken``): its waiting writers then complete when the
-ledger stores their records, and the ledger sends later writers to ``write_durable``.
+record stored by the ledger (committed or spooled). A write that fails (a full disk) is cut
+back to the segment's last whole record, logs an error once per failing spell and stops the
+journal for ``RETRY_AFTER`` seconds (``broken``): its waiting writers then complete when the
+ledger stores their records, the ledger sends writers meanwhile to ``write_durable``, and the
+next attempt starts a new segment.
 
 Segments ``journal-<ns>-<pid>.jsonl`` (the spool's JSON Lines) are held under an exclusive
 ``flock`` from creation until every record in them is stored, then deleted; a segment is
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.ledger.record import encode_lines
-from gateway.ledger.spool import create_locked, fsync_dir
+from gateway.ledger.spool import create_locked, fsync_dir, write_all
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -50,23 +52,29 @@ if TYPE_CHECKING:
     from gateway.ledger.record import UsageRecord
     from gateway.ledger.spool import Spool
 
-__all__ = ["DEFAULT_JOURNAL_SEGMENT_BYTES", "Journal", "adopt_orphans"]
+__all__ = [
+    "DEFAULT_JOURNAL_SEGMENT_BYTES", "NETWORK_FILESYSTEMS", "Journal", "adopt_orphans",
+    "filesystem_of", "journal_is_local",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_JOURNAL_SEGMENT_BYTES = 4 * 1024 * 1024
+#: seconds a journal that failed a write waits before it tries again
+RETRY_AFTER = 5.0
 PREFIX = "journal"
 
 
 class _Segment:
     """One journal file: what is assigned to it, written to it, and not yet stored."""
 
-    __slots__ = ("fd", "outstanding", "path", "sealed", "size", "unwritten")
+    __slots__ = ("fd", "outstanding", "path", "sealed", "size", "unwritten", "written")
 
     def __init__(self) -> None:
         self.fd = -1  # opened by the writer thread at its first write
         self.path: Path | None = None
         self.size = 0  # bytes assigned (an estimate until written: records are encoded there)
+        self.written = 0  # bytes written and fdatasync'd: a failed write is cut back to this
         self.outstanding = 0  # records in it the ledger has not stored yet
         self.unwritten = 0  # records assigned to it and not yet fsync'd
         self.sealed = False
@@ -100,7 +108,14 @@ class Journal:
         self._in_flight: asyncio.Future[None] | None = None
         self._closed = False
         self._executor: ThreadPoolExecutor | None = None
+        #: a write failed (a full disk): records wait for the ledger's store instead, until
+        #: ``_retry_at``, when the journal tries again (with a new segment)
         self.broken = False
+        self._retry_at = 0.0
+        self._failures = 0
+        self._failing_since = 0.0
+        #: segments written to by ``write_now`` and not fdatasync'd since
+        self._unsynced: list[_Segment] = []
         self.appended = 0
         self.fsyncs = 0
 
@@ -118,7 +133,7 @@ class Journal:
         future = asyncio.get_running_loop().create_future()
         key = id(record)
         self._futures[key] = future
-        if self.broken:  # completes when the ledger stores it
+        if self.broken and not self.usable():  # completes when the ledger stores it
             return future
         segment = self._active
         if segment.size and segment.size + self._RECORD_BYTES > self._max:
@@ -140,6 +155,65 @@ class Journal:
             else:
                 self._write_next()
         return future
+
+    def write_now(self, record: UsageRecord) -> bool:
+        """Write one record to the journal file on the loop (one ``write`` into the page
+        cache: a killed process cannot lose it) and leave its ``fdatasync`` to the background
+        group (a host crash before it may); True once written. False: the journal cannot
+        take it now (broken, or this write failed), and the caller must wait for the store.
+
+        Why: the ``fdatasync`` a ``journal`` writer waits for is 0.25-0.3 ms of a VM's disk,
+        most of what that mode adds to a response; what kills a gateway process (SIGKILL, the
+        OOM killer, a crash) leaves the page cache to the kernel, which writes it out."""
+        if self.broken and not self.usable():
+            return False
+        segment = self._active
+        if segment.size and segment.size + self._RECORD_BYTES > self._max:
+            segment.sealed = True
+            segment = self._active = _Segment()
+            self._segments.append(segment)
+        data = encode_lines((record,))
+        try:
+            if segment.fd < 0:
+                self._open(segment)
+            write_all(segment.fd, data)
+        except OSError as exc:
+            if segment.fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(segment.fd, segment.written)
+            self._failed(exc, [])
+            return False
+        segment.size += len(data)
+        segment.written += len(data)
+        segment.outstanding += 1
+        self._where[id(record)] = (record, segment)
+        self.appended += 1
+        if segment not in self._unsynced:
+            self._unsynced.append(segment)
+        if not self._syncing:
+            self._sync_next()
+        return True
+
+    def _sync_next(self) -> None:
+        """``fdatasync`` the segments written to since the last one, in the writer thread;
+        one at a time, each covering every write made before it started."""
+        segments, self._unsynced = self._unsynced, []
+        if not segments or self._closed:
+            return
+        self._syncing = True
+        done = asyncio.get_running_loop().run_in_executor(self._thread(), _datasync, segments)
+
+        def synced(future: asyncio.Future[None]) -> None:
+            self._syncing = False
+            self._in_flight = None
+            if future.cancelled() or future.exception() is not None:
+                self._failed(None if future.cancelled() else future.exception(), [])
+                return
+            self.fsyncs += 1
+            self._sync_next()
+
+        done.add_done_callback(synced)
+        self._in_flight = done
 
     def stored(self, records: Iterable[UsageRecord]) -> None:
         """The ledger stored (or spooled) these records: their journal copies may go."""
@@ -207,13 +281,20 @@ class Journal:
         done.add_done_callback(lambda f: self._written(groups, f))
         self._in_flight = done
 
+    def usable(self) -> bool:
+        """Whether records may be journaled now: not broken, or broken long enough ago that
+        a new attempt is due (then it is no longer broken)."""
+        if self.broken and time.monotonic() >= self._retry_at:
+            self.broken = False
+        return not self.broken
+
     def _write_here(self) -> None:
         """The pending records written and fsync'd on the loop (blocking)."""
         groups, self._pending = self._pending, []
         try:
             self._write(groups)
         except OSError as exc:
-            self._failed(exc)
+            self._failed(exc, groups)
             return
         self._completed(groups)
 
@@ -223,21 +304,46 @@ class Journal:
         self._in_flight = None
         exc = None if done.cancelled() else done.exception()
         if done.cancelled() or exc is not None:
-            self._failed(exc)
+            self._failed(exc, groups)
             return
         self._completed(groups)
         self._write_next()
 
-    def _failed(self, exc: BaseException | None) -> None:
-        """A write failed: stop journaling; the writers waiting complete when the ledger
-        stores their records."""
-        if not self.broken:
-            log.error("ledger journal: write failed (%s); responses now wait for the "
-                      "database instead", exc or "cancelled")
+    def _failed(self, exc: BaseException | None,
+                groups: list[tuple[_Segment, list[UsageRecord]]]) -> None:
+        """A write failed (its segments were cut back to their last whole record): stop
+        journaling for ``RETRY_AFTER`` seconds; the writers waiting, and those meanwhile,
+        complete when the ledger stores their records. The segments written to are sealed
+        (the next attempt starts a new one); the failed records are no longer theirs to
+        write. One log line per failing spell."""
+        self._failures += 1
+        if not self.broken and self._failures == 1:
+            self._failing_since = time.monotonic()
+            log.error("ledger journal: write failed (%s); responses wait for the ledger's "
+                      "store instead, and the journal is tried again every %g s",
+                      exc or "cancelled", RETRY_AFTER)
         self.broken = True
+        self._retry_at = time.monotonic() + RETRY_AFTER
+        for segment, records in groups:
+            segment.unwritten -= len(records)
+            segment.sealed = True
+            self._retire_if_done(segment)
+        for segment, _ in self._pending:
+            segment.sealed = True
+        if self._active.sealed:
+            self._active = _Segment()
+            self._segments.append(self._active)
+        # records assigned but not yet written wait for the store too
+        for segment, records in self._pending:
+            segment.unwritten -= len(records)
+            self._retire_if_done(segment)
         self._pending = []
 
     def _completed(self, groups: list[tuple[_Segment, list[UsageRecord]]]) -> None:
+        if self._failures:
+            log.warning("ledger journal: writing again after %d failed writes over %.1f s",
+                        self._failures, time.monotonic() - self._failing_since)
+            self._failures = 0
         self.fsyncs += 1
         futures = self._futures
         for segment, records in groups:
@@ -255,6 +361,8 @@ class Journal:
                 and segment.fd >= 0 and not self._closed):
             fd, path = segment.fd, segment.path
             segment.fd = -1
+            if segment in self._unsynced:
+                self._unsynced.remove(segment)
             self._segments.remove(segment)
             self._thread().submit(_delete, path, fd)
 
@@ -266,23 +374,73 @@ class Journal:
     # -- the writer thread ---------------------------------------------------------------
 
     def _write(self, groups: list[tuple[_Segment, list[UsageRecord]]]) -> None:
-        touched: list[_Segment] = []
-        for segment, records in groups:
-            if segment.fd < 0:
-                self._open(segment)
-            data = encode_lines(records)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(segment.fd, view):]
-            if segment not in touched:
-                touched.append(segment)
-        for segment in touched:
-            os.fdatasync(segment.fd)
+        """Write and fdatasync each group to its segment, or raise having cut every segment
+        touched back to its last whole record (a torn line would glue onto the next)."""
+        touched: dict[_Segment, int] = {}  # segment -> bytes written to it now
+        try:
+            for segment, records in groups:
+                if segment.fd < 0:
+                    self._open(segment)
+                data = encode_lines(records)
+                touched[segment] = touched.get(segment, 0)
+                write_all(segment.fd, data)
+                touched[segment] += len(data)
+            for segment in touched:
+                os.fdatasync(segment.fd)
+        except OSError:
+            for segment in touched:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(segment.fd, segment.written)
+            raise
+        for segment, size in touched.items():
+            segment.written += size
 
     def _open(self, segment: _Segment) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{PREFIX}-{time.time_ns():020d}-{os.getpid()}.jsonl"
         segment.fd, segment.path = create_locked(path), path  # never adoptable while live
+
+
+#: file systems whose fsync may not mean "on this host's disk" (a network share): a journal
+#: there keeps no promise the database's commit would not keep better
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "ceph", "glusterfs",
+    "fuse.glusterfs", "lustre", "gpfs", "afs", "fuse.s3fs", "fuse.rclone", "virtiofs",
+})
+
+
+def filesystem_of(path: str | os.PathLike[str], mounts: str = "/proc/self/mounts") -> str:
+    """The type of the file system ``path`` lives on (the longest mount point above it, from
+    ``mounts``); "" when it cannot be told."""
+    target = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open(mounts) as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        return ""
+    return kind
+
+
+def journal_is_local(directory: str | os.PathLike[str]) -> bool:
+    """Whether a journal in ``directory`` survives a killed process on this host's own disk
+    (``ledger_durability: auto`` journals there, else waits for the database's commit)."""
+    return filesystem_of(directory) not in NETWORK_FILESYSTEMS
+
+
+def _datasync(segments: list[_Segment]) -> None:
+    """fdatasync each segment still open (one retired meanwhile is deleted: nothing to do)."""
+    for segment in segments:
+        fd = segment.fd
+        if fd >= 0:
+            os.fdatasync(fd)
 
 
 def _delete(path: Path | None, fd: int) -> None:

@@ -102,6 +102,11 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     currency: str = "USD"
     #: the client API the request came in: chat, completions, embeddings, responses, messages
     api: str = "chat"
+    #: why the tokens are estimated (``estimated``), in the gateway's own words: ``no_usage``
+    #: (the backend reported none), ``<kind>:<field>`` for usage it did not believe (e.g.
+    #: ``too_large:prompt_tokens``, ``null:completion_tokens``; ``accounting.usage_bounds``),
+    #: ``clamped:<field>`` for a number the ledger had to fit into its column; None otherwise
+    estimate_reason: str | None = None
 
     @property
     def day(self) -> str:
@@ -228,4 +233,5 @@ def make_record(
         cost_cache_write=cost.cache_write if cost else 0,
         currency=currency,
         api=api,
+        estimate_reason=u.estimate_reason if u else None,
     )

@@ -211,6 +211,9 @@ class ParsedRequest:
     stream: bool
     #: a front-end's request as the client sent it (``payload`` is its chat translation)
     native: dict[str, Any] | None = None
+    #: how many of ``payload``'s messages are a stored conversation it continues
+    #: (``previous_response_id``): they follow the instructions' system message, if any
+    earlier: int = 0
 
 
 def _type_name(value: Any) -> str:

@@ -34,9 +34,11 @@ class BackendState:
         "auth_header",
         "config",
         "consecutive_failures",
+        "detected_engine",
         "ejected_until",
         "ejections",
         "engine_kv_usage",
+        "engine_running",
         "engine_waiting",
         "half_open_trial",
         "in_flight",
@@ -44,6 +46,8 @@ class BackendState:
         "not_before",
         "prefill_since",
         "prefilling",
+        "signals_missing",
+        "signals_warned",
         "tpot_ewma",
         "ttft_ewma",
         "urls",
@@ -62,7 +66,14 @@ class BackendState:
         self.ttft_ewma = 0.0  # seconds; 0 = no observation yet
         self.tpot_ewma = 0.0
         self.engine_waiting = 0.0  # from scraped engine metrics
+        self.engine_running = 0.0
         self.engine_kv_usage = 0.0
+        #: the engine its metrics' names showed (``upstream/engines.py``), when no policy key
+        #: names it
+        self.detected_engine: str | None = None
+        #: its last scrape held none of its engine's metric names; warned of once
+        self.signals_missing = False
+        self.signals_warned = False
         self.consecutive_failures = 0
         self.ejections = 0
         self.ejected_until = 0.0  # monotonic; 0 = not ejected

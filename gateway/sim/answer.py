@@ -95,13 +95,20 @@ def decide(
     call_id: str = "",
     encoding: str = "o200k_base",
     stream: bool = False,
+    max_len: int | None = None,
+    param: str = "max_tokens",
 ) -> Plan:
     """The plan of an answer: text seeded by ``key`` and ``seed``, or a call to ``tool``.
 
     ``limit``: the request's own output limit (``None``: the answer ends naturally after
-    ``default_limit`` tokens).
+    ``default_limit`` tokens). ``max_len``: the most prompt plus output tokens the engine
+    holds (``Profile.max_model_len``): a request whose prompt and limit exceed it is refused
+    (400 naming ``param``, the request's limit field) before a word is generated, as vLLM
+    refuses it, rather than after building an answer the engine then refuses.
     """
     n = default_limit if limit is None else limit
+    if max_len is not None:
+        _check_fits(prompt_tokens, limit if tool is not None else n, max_len, param)
     if tool is not None:
         # Without a limit a call is never cut: a model ends its call, not at a default length.
         call = make_call(tool, call_id, _UNLIMITED if limit is None else limit, encoding)
@@ -110,6 +117,18 @@ def decide(
     words, matched = generate(request_seed(key, seed), n, stops)
     finish = "length" if matched is None and limit is not None else "stop"
     return Plan(api, model, prompt_tokens, words, None, finish, stream, stop_sequence=matched)
+
+
+def _check_fits(prompt_tokens: int, output: int | None, max_len: int, param: str) -> None:
+    """Refuse a prompt plus ``output`` tokens that the engine could never hold."""
+    if output is None or prompt_tokens + output <= max_len:
+        return
+    raise BadRequest(
+        f"{param}: this model's maximum context length is {max_len} tokens, and the request "
+        f"asks for {prompt_tokens} prompt + {output} output tokens; reduce {param} or the "
+        "prompt",
+        param=param,
+    )
 
 
 class Renderer(abc.ABC):

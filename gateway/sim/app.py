@@ -155,7 +155,7 @@ class SimApp:
         return {**self.engine.snapshot(), "apis": apis, "prompt_cache_entries": cache}
 
     def _model_card(self, name: str) -> dict[str, Any]:
-        max_len = self.config.profile.kv_tokens
+        max_len = self.config.profile.max_model_len
         return {
             "id": name,
             "object": "model",

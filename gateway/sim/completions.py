@@ -159,6 +159,9 @@ def parse_completion(
         call_id=new_id("call", "_"),
         encoding=cfg.encoding,
         stream=bool(body.get("stream")),
+        max_len=cfg.profile.max_model_len,
+        param="max_completion_tokens" if body.get("max_completion_tokens") is not None
+        else "max_tokens",
     )
     plan.token_ids = token_ids
     plan.read_cache_fields(body)

@@ -294,6 +294,7 @@ def parse_message(
         call_id=new_id("toolu", "_"),
         encoding=cfg.encoding,
         stream=bool(body.get("stream")),
+        max_len=cfg.profile.max_model_len,
     )
     plan.token_ids = token_ids
     plan.read_cache_fields(body)

@@ -44,6 +44,12 @@ class Profile:
     #: e: HTTP, tokenisation and scheduling overhead before a request can be scheduled.
     request_overhead_ms: float = 8.0
 
+    @property
+    def max_model_len(self) -> int:
+        """The most prompt plus output tokens one request may hold (vLLM's ``max_model_len``):
+        the KV cache's whole blocks, so that the engine's admission check agrees."""
+        return self.kv_tokens // self.block_tokens * self.block_tokens
+
     def step_cost_ms(self, n_dec: int, ctx_dec: int, prefill_ms: float) -> float:
         """Duration of one step given its decodes and the summed cost of its prompt chunks."""
         return (

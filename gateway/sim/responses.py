@@ -232,6 +232,8 @@ def parse_response(
         call_id=new_id("call", "_"),
         encoding=cfg.encoding,
         stream=bool(body.get("stream")),
+        max_len=cfg.profile.max_model_len,
+        param="max_output_tokens",
     )
     plan.token_ids = token_ids
     plan.read_cache_fields(body)

@@ -20,7 +20,9 @@ gauge                       mode        why
 ``gateway_redis_up``        livemin     0 if any worker has lost Redis
 ==========================  ==========  =====================================================
 
-``gateway_pool_headroom_in_use`` is a livesum too (each worker hands out its own headroom).
+``gateway_pool_headroom_in_use`` is a livesum too (each worker hands out its own headroom);
+``gateway_engine_signals_missing`` a livemax (1 if any worker's last scrape of the backend's
+metrics held none of its engine's names).
 
 Label cardinality is bounded: model, pool, class and backend come from the policy, status from
 the gateway. The optional tenant label takes the first ``tenant_cap`` tenants a worker sees;
@@ -277,6 +279,11 @@ class Metrics:
                              ["tenant", "model"], registry=r)
         self.ejections = Counter("gateway_ejections", "Backends ejected from their pool.",
                                  ["pool", "backend"], registry=r)
+        self.usage_rejections = Counter(
+            "gateway_backend_usage_rejected", "Answers whose usage figures were not believed "
+            "(billed at the gateway's own estimate instead), by backend and reason: missing, "
+            "null, not_integer, negative, too_large, malformed.",
+            ["pool", "backend", "reason"], registry=r)
         self.client_stalls = Counter("gateway_client_stalls", "Responses cut off because the "
                                      "client read nothing for timeouts.client_stall (backend "
                                      "connection closed, slot released).", ["pool"], registry=r)
@@ -339,6 +346,10 @@ class Metrics:
         self.backend_healthy = Gauge("gateway_backend_healthy", "1 if the backend takes "
                                      "traffic, 0 if ejected.", ["pool", "backend"],
                                      multiprocess_mode="livemin", registry=r)
+        self.signals_missing = Gauge(
+            "gateway_engine_signals_missing", "1 if the backend's last metrics scrape (pool "
+            "signals) held none of its engine's metric names, so its queue and KV cache are "
+            "not read.", ["pool", "backend"], multiprocess_mode="livemax", registry=r)
         self.queue_depth = Gauge("gateway_queue_depth", "Requests waiting for a backend slot.",
                                  ["pool"], multiprocess_mode="livesum", registry=r)
         self.headroom_in_use = Gauge(
@@ -368,6 +379,14 @@ class Metrics:
                                       "in the local journal (ledger_durability: journal) and "
                                       "not yet in the database.",
                                       multiprocess_mode="livesum", registry=r)
+        self.ledger_durable = Gauge("gateway_ledger_durable", "1 while usage records can be "
+                                    "made durable (committed or spooled), 0 while both fail "
+                                    "(/readyz answers 503 then).",
+                                    multiprocess_mode="livemin", registry=r)
+        self.ledger_database_up = Gauge("gateway_ledger_database_up", "1 while flushes go to "
+                                        "the ledger database, 0 while they go to the spool "
+                                        "(probed in the background).",
+                                        multiprocess_mode="livemin", registry=r)
         self.ledger_journal_failed = Gauge("gateway_ledger_journal_failed", "1 once the local "
                                            "journal failed to write: responses then wait for "
                                            "the database's commit.",
@@ -552,9 +571,19 @@ class Metrics:
         if self.enabled:
             self.client_stalls.labels(pool).inc()
 
+    def usage_rejected(self, pool: str, backend: str, reason: str) -> None:
+        """A backend's answer carried usage the gateway did not believe (``reason``: the kind,
+        ``accounting.usage_bounds.KINDS``); its record holds the gateway's estimate."""
+        if self.enabled:
+            self.usage_rejections.labels(pool, backend, reason).inc()
+
     def set_backend_health(self, pool: str, backend: str, healthy: bool) -> None:
         if self.enabled:
             self.backend_healthy.labels(pool, backend).set(1 if healthy else 0)
+
+    def set_signals_missing(self, pool: str, backend: str, missing: bool) -> None:
+        if self.enabled:
+            self.signals_missing.labels(pool, backend).set(1 if missing else 0)
 
     def set_inflight(self, pool: str, backend: str, count: int) -> None:
         if self.enabled:
@@ -572,7 +601,8 @@ class Metrics:
                 self.headroom_started.labels(pool).inc(started)
 
     def set_ledger(self, pending: int, spool_segments: int, outcomes: dict[str, int],
-                   lag_ms: float, journaled: int = 0, journal_failed: bool = False) -> None:
+                   lag_ms: float, journaled: int = 0, journal_failed: bool = False,
+                   durable: bool = True, database_up: bool = True) -> None:
         """The ledger's state, once a second: what waits, what spooled, how long commits took,
         what only the local journal holds."""
         if self.enabled:
@@ -583,6 +613,8 @@ class Metrics:
             self.ledger_lag.set(lag_ms / 1000)
             self.ledger_journaled.set(journaled)
             self.ledger_journal_failed.set(int(journal_failed))
+            self.ledger_durable.set(int(durable))
+            self.ledger_database_up.set(int(database_up))
 
     def set_redis_up(self, up: bool) -> None:
         if self.enabled:

@@ -14,7 +14,10 @@ is retried once the first byte has gone to the client: that is the relay's busin
 A backend's error body never reaches the client inside a gateway message: a backend that echoes
 request headers would hand out its own API key. The first bytes of it go to the log instead,
 through the redactor (which also removes the backend's key); the client's message says which
-backend answered which status.
+backend answered which status. A 4xx answer, relayed to the client (its backend key
+scrubbed), is first given OpenAI's shape when its engine writes another
+(``engines.openai_error``: llama.cpp's ``exceed_context_size_error`` becomes
+``context_length_exceeded``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from gateway.routing.errors import NoHealthyBackend, PoolCoolingDown, PoolSatura
 from gateway.routing.retry import RETRYABLE_STATUS, backoff
 from gateway.telemetry.redact import Redactor
 from gateway.telemetry.spans import NOOP_SPAN
+from gateway.upstream.engines import engine_of, openai_error
 from gateway.upstream.translate import as_gateway_error
 
 if TYPE_CHECKING:
@@ -67,6 +71,8 @@ class Forwarded:
     body: bytes | None = None  # for whole (non-stream) responses: the body, already read
     #: monotonic time by which the answer must be relayed (the attempt's start + ``total``)
     deadline: float = math.inf
+    #: the longest one write to the client may wait for it to read (``client_stall``)
+    client_stall: float = math.inf
 
 
 class _Failed(Exception):
@@ -224,7 +230,10 @@ async def _exchange(
             except UpstreamError as exc:
                 backend.on_failure(health, time.monotonic())
                 raise _Failed(as_gateway_error(exc, backend.label)) from exc
-        return Forwarded(response, pool, backend, sent_ns, first, first_ns, body_read, deadline)
+            if status >= 400:  # the engine's error answer, in OpenAI's shape
+                body_read = openai_error(engine_of(pool, backend), body_read)
+        return Forwarded(response, pool, backend, sent_ns, first, first_ns, body_read, deadline,
+                         timeouts.client_stall)
     except BaseException:
         response.close()
         raise

@@ -2,8 +2,11 @@
 
 Checks feed the same state machine as passive outcomes (``BackendState.on_success`` /
 ``on_failure``), so an ejected backend that passes its probe comes back, and a silent one is
-ejected without waiting for client traffic to find out. Engine signals (vLLM or SGLang metric
-names) set the backend's waiting-queue length and KV-cache use, which backend choice reads.
+ejected without waiting for client traffic to find out. Engine signals (the metric names of
+the backend's engine: vLLM, SGLang, llama.cpp, TGI; :mod:`gateway.upstream.engines`) set the
+backend's waiting and running requests and KV-cache use, which backend choice reads; a
+backend whose metrics hold none of its engine's names is warned of once and flagged
+(``signals_missing``, the ``gateway_engine_signals_missing`` gauge).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gateway.http.errors import UpstreamError
+from gateway.upstream.engines import ENGINES, engine_of, read_signals
 
 if TYPE_CHECKING:
     from gateway.http.base import UpstreamClient
@@ -25,28 +29,12 @@ __all__ = ["Monitors", "parse_engine_metrics"]
 
 _log = logging.getLogger("gateway.health")
 
-_WAITING = (b"vllm:num_requests_waiting", b"sglang:num_queue_reqs")
-_KV = (b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc", b"sglang:token_usage")
 
 
 def parse_engine_metrics(text: bytes) -> tuple[float | None, float | None]:
-    """(waiting requests, KV-cache use 0-1) summed over label sets, from Prometheus text."""
-    waiting: float | None = None
-    kv: float | None = None
-    for line in text.splitlines():
-        if not line or line[0] == 35:  # '#'
-            continue
-        name = line.split(b"{", 1)[0].split(b" ", 1)[0]
-        if name in _WAITING or name in _KV:
-            try:
-                value = float(line.rsplit(b" ", 1)[-1])
-            except ValueError:
-                continue
-            if name in _WAITING:
-                waiting = (waiting or 0.0) + value
-            else:
-                kv = max(kv or 0.0, value)
-    return waiting, kv
+    """(waiting requests, KV-cache use 0-1) from Prometheus text, under any engine's names."""
+    signals = read_signals(text)
+    return (None, None) if signals is None else (signals.waiting, signals.kv)
 
 
 def _base(backend: BackendState) -> str:
@@ -112,10 +100,26 @@ class Monitors:
             status, body = await self.upstream.get(_base(backend) + signals.path, signals.timeout)
         except (UpstreamError, OSError, TimeoutError):
             return
-        if status == 200:
-            waiting, kv = parse_engine_metrics(body)
-            backend.engine_waiting = waiting or 0.0
-            backend.engine_kv_usage = kv or 0.0
+        engine = engine_of(pool, backend)
+        found = read_signals(body, engine) if status == 200 else None
+        if found is None:
+            backend.engine_waiting = backend.engine_running = backend.engine_kv_usage = 0.0
+            backend.signals_missing = True
+            if not backend.signals_warned:
+                backend.signals_warned = True
+                _log.warning(
+                    "engine signals missing: backend %s of pool %s answered %s with status %d "
+                    "and none of the %s metric names; its queue and KV cache are not read "
+                    "(check the engine's metrics flag, signals.path and the engine key)",
+                    backend.label, pool.name, signals.path, status,
+                    f"{engine} engine's" if engine in ENGINES else "known engines'")
+            return
+        backend.signals_missing = False
+        if backend.config.engine is None and pool.config.engine is None:
+            backend.detected_engine = found.engine
+        backend.engine_waiting = found.waiting or 0.0
+        backend.engine_running = found.running or 0.0
+        backend.engine_kv_usage = found.kv or 0.0
 
     async def _signal_loop(self, pool: PoolState) -> None:
         signals = pool.config.signals

@@ -12,6 +12,15 @@ then waiting in ``send`` for the client to read, that wait is cancelled. The res
 unfinished, so the server protocol closes the connection, and the caller's ``finally`` closes
 the backend response and releases the slot.
 
+A client that stops reading is cut off sooner by ``timeouts.client_stall``: a ``send`` waits
+only while the connection's send buffer is full (the server protocol's write back-pressure,
+native or uvicorn's), so one still waiting after ``client_stall`` seconds means the client
+took nothing that long. That send is cancelled the same way, and the request ends as a
+client disconnect does: outcome ``cancelled``, billed for the output relayed so far, one
+usage record, plus a ``client_stalled`` log line (request id, tenant, bytes and chunks sent)
+and ``gateway_client_stalls_total{pool}``. The check shares the deadline's wheel entry, moved
+earlier by a send when no check is pending, never a timer per chunk (see :class:`_Guarded`).
+
 The response's end waits for ``finish`` (the pipeline's meter-and-record step: the usage
 record made durable, see ``gateway/ledger/base.py``): a whole body is sent only after it, a
 stream's ``data: [DONE]`` event and its final chunk only after it. So a client that received
@@ -29,11 +38,13 @@ What of a backend's error answer reaches the client:
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
 from gateway.accounting.sse import chat_error_event
-from gateway.errors import BackendFailure
+from gateway.errors import BackendFailure, GatewayError
 from gateway.http.errors import UpstreamError
 from gateway.timers.deadlines import wheel
 from gateway.upstream.forward import log_error_body, scrub
@@ -44,6 +55,7 @@ if TYPE_CHECKING:
 
     from gateway.accounting import Scanner
     from gateway.context import RequestContext
+    from gateway.telemetry import Metrics
     from gateway.types import RawHeaders, Send
     from gateway.upstream.forward import Forwarded
 
@@ -51,50 +63,109 @@ __all__ = ["relay_response"]
 
 _DONE = b"data: [DONE]"
 _DEADLINE_ERROR = "total timeout: the client did not read the response in time"
+_STALL_ERROR = "client stalled: it read nothing of the response for %g s"
+
+log = logging.getLogger("gateway.upstream")
 
 
 class _Expired(Exception):
     """The request's total deadline passed while relaying."""
 
 
+class _Stalled(Exception):
+    """One write to the client waited longer than ``client_stall`` for it to read."""
+
+
 class _Guarded:
-    """``send`` bounded by a deadline: one wheel timer; a send waiting at the deadline is
-    cancelled, and every later send raises :class:`_Expired` at once."""
+    """``send`` bounded by the request's deadline and by the client's write stall, with one
+    entry on the deadline wheel per request (never one per chunk).
 
-    __slots__ = ("_handle", "_send", "_task", "_wheel", "deadline", "expired", "sending")
+    The deadline: a send waiting at the deadline is cancelled, and every later send raises
+    :class:`_Expired` at once. The stall: a send waits only while the connection's send buffer
+    is full (the server protocol's write back-pressure, until the client has read it down to
+    the low-water mark), so a send still waiting ``stall`` seconds after it began means no
+    progress that long; it is cancelled and raises :class:`_Stalled`, and so does every later
+    send. The wheel entry is due at the deadline, or earlier at a stall check: a send arms the
+    check when none is pending; a check that finds no send waiting goes back to the deadline
+    (the next send arms it again), one that finds a send waiting checks again at that send's
+    own bound. A stream that keeps moving so costs one re-arm per ``stall`` seconds at most.
+    """
 
-    def __init__(self, send: Send, deadline: float) -> None:
+    __slots__ = ("_checking", "_handle", "_send", "_task", "_wheel", "chunks", "deadline",
+                 "expired", "sending", "sent", "since", "stall", "stalled")
+
+    def __init__(self, send: Send, deadline: float, stall: float = math.inf) -> None:
         self._send = send
         self.deadline = deadline
+        self.stall = stall
         self._task = asyncio.current_task()
         self.expired = False
+        self.stalled = False
         self.sending = False
+        self.since = 0.0  # when the send under way began
+        self.sent = 0  # body bytes the client's connection took
+        self.chunks = 0  # body messages it took
         self._wheel = wheel()
-        self._handle = self._wheel.add(max(0.0, deadline - time.monotonic()), self._expire)
+        self._checking = False  # the wheel entry is a stall check, due before the deadline
+        self._handle: int | None = self._wheel.add(max(0.0, deadline - time.monotonic()),
+                                                   self._fire)
 
-    def _expire(self) -> None:
-        self.expired = True
-        if self.sending and self._task is not None:
-            self._task.cancel()  # only ever while suspended in the send below
+    def _arm(self, delay: float, checking: bool) -> None:
+        self._checking = checking
+        self._handle = self._wheel.add(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        now = time.monotonic()
+        if now >= self.deadline:
+            self.expired = True
+            if self.sending and not self.stalled and self._task is not None:
+                self._task.cancel()  # only ever while suspended in the send below
+            return
+        if not self.sending:  # nothing waits: back to the deadline until the next send
+            self._arm(self.deadline - now, False)
+            return
+        due = self.since + self.stall
+        if now < due:  # a later send than the one that armed the check: at its own bound
+            self._arm(min(due, self.deadline) - now, due < self.deadline)
+            return
+        self.stalled = True
+        if self._task is not None:
+            self._task.cancel()  # suspended in the send below (``sending``)
 
     async def __call__(self, message: dict[str, Any]) -> None:
         # the clock too: the wheel ticks coarsely, and past the deadline nothing more is sent
         # (not even an error event or the end of the stream, whose unflushed bytes would keep
         # a client that stopped reading connected)
-        if self.expired or time.monotonic() >= self.deadline:
+        now = time.monotonic()
+        if self.expired or now >= self.deadline:
             raise _Expired
+        if self.stalled:
+            raise _Stalled
         self.sending = True
+        self.since = now
+        if not self._checking and self.stall < self.deadline - now and \
+                self._handle is not None:
+            self._wheel.cancel(self._handle)  # the stall check is due before the deadline
+            self._arm(self.stall, True)
         try:
             await self._send(message)
         except asyncio.CancelledError:
-            if self.expired and self._task is not None and self._task.uncancel() == 0:
-                raise _Expired from None
+            if (self.expired or self.stalled) and self._task is not None \
+                    and self._task.uncancel() == 0:
+                raise (_Stalled if self.stalled else _Expired) from None
             raise
         finally:
             self.sending = False
+        body = message.get("body")
+        if body is not None:
+            self.sent += len(body)
+            self.chunks += 1
 
     def close(self) -> None:
-        self._wheel.cancel(self._handle)
+        if self._handle is not None:
+            self._wheel.cancel(self._handle)
+            self._handle = None
 
 
 async def relay_response(
@@ -104,11 +175,13 @@ async def relay_response(
     extra: RawHeaders,
     scanner: Scanner | None = None,
     finish: Callable[[], Awaitable[None]] | None = None,
+    metrics: Metrics | None = None,
 ) -> None:
     """Send the backend's answer to the client; raises GatewayError before the first byte only.
 
-    Returns with the response unfinished when the total deadline passes (the server closes the
-    connection); the caller closes ``forwarded.response`` and releases the backend.
+    Returns with the response unfinished when the total deadline passes or the client stops
+    reading for ``client_stall`` (the server closes the connection); the caller closes
+    ``forwarded.response`` and releases the backend.
     """
     response = forwarded.response
     status = response.status
@@ -116,7 +189,7 @@ async def relay_response(
     if status >= 500:  # not retryable (e.g. 501): report it as a backend failure
         await log_error_body(response, forwarded.backend)
         raise BackendFailure(f"backend '{ctx.backend}' answered {status}")
-    guarded = _Guarded(send, forwarded.deadline)
+    guarded = _Guarded(send, forwarded.deadline, forwarded.client_stall)
     try:
         if response.is_stream and status < 400:
             await _relay_stream(forwarded, ctx, guarded, extra, scanner, finish)
@@ -124,6 +197,16 @@ async def relay_response(
             await _relay_whole(forwarded, ctx, guarded, extra, finish)
     except _Expired:
         ctx.outcome, ctx.error = "failed", _DEADLINE_ERROR
+    except _Stalled:
+        # the client left in all but name: billed for what was relayed, like a disconnect
+        ctx.outcome = "cancelled"
+        ctx.error = _STALL_ERROR % guarded.stall
+        log.warning("client_stalled: request %s tenant %s pool %s: no write progress for %g s, "
+                    "stream cancelled after %d bytes in %d chunks sent", ctx.request_id,
+                    ctx.tenant, forwarded.pool.name, guarded.stall, guarded.sent,
+                    guarded.chunks)
+        if metrics is not None:
+            metrics.client_stall(forwarded.pool.name)
     finally:
         guarded.close()
 
@@ -211,6 +294,12 @@ async def _relay_stream(
         ctx.last_chunk_ns = time.perf_counter_ns()
     if finish is not None:
         ctx.finished_ns = ctx.last_chunk_ns
-        await finish()
+        try:
+            await finish()
+        except GatewayError as exc:  # the record not durable in time: an error, no [DONE]
+            ctx.outcome, ctx.error = "failed", exc.message
+            held = b""
+            if response.is_event_stream:
+                held = scanner.error_event(exc) if scanner is not None else chat_error_event(exc)
     await send({"type": "http.response.body", "body": held, "more_body": False})
     ctx.finished_ns = time.perf_counter_ns()

@@ -1,41 +1,82 @@
-"""The model name the client asked for, in every answer.
+"""The public model name the client asked for, and the gateway's own id, in every answer.
 
-A backend answers with its own model name (``sim-model``, a canary's ``model-v2``); the client
-asked for the public one and must get it back, or an SDK that checks ``response.model`` (and
-every log downstream) sees an internal name. Only ``"model"`` members whose value is exactly the
-backend's name are rewritten: inside a JSON string a quote is escaped, so the byte pattern
-``"model":"<name>"`` can only be a real member. Both the compact (``"model":"x"``) and the
-spaced (``"model": "x"``) encodings are handled with plain ``bytes.replace`` (no JSON parse).
+An engine answers with its own model name, whatever it was asked for: llama.cpp its model
+file's name (``/models/tiny.gguf``), SGLang a served path, TGI and Ollama their tags, a canary
+``model-v2``. The client asked for the public name and must get it back, or an SDK that checks
+``response.model`` (and every log downstream) sees an internal name. Likewise every id a client
+sees is the gateway's (``chatcmpl-``, ``resp_``, ``msg_`` + the request id: 128 random bits):
+a backend's ids are often a per-process counter (guessable, and repeated after an engine
+restart, which would let one stored conversation replace another's).
+
+:class:`AnswerRewriter` learns both from the answer's first object (a whole body, or a
+stream's first ``data:`` line): its top-level ``"model"`` and ``"id"`` members (a Responses or
+Messages stream nests them in ``response`` / ``message``). It keeps the very bytes the engine
+wrote for each member (``"model":"\\/models\\/tiny.gguf"``: its separator, its escapes), and
+then rewrites every ``"model"`` / ``"id"`` member holding exactly those bytes, in this and every
+later piece, with a plain ``bytes.replace`` (no JSON parse per chunk). Inside a JSON string a
+quote is escaped, so the byte pattern ``"model":"<value>"`` can only be a real member; a member
+of a nested object holding the very same value is rewritten too (that is where a Responses or
+Messages stream carries it). Only the value changes: every other byte is the engine's.
+
+The backend's own name and id stay on the rewriter (``backend_model``, ``backend_id``) for the
+trace; the name the gateway sent (the policy's ``backend_model``) is a fallback pattern for an
+answer whose first object has no model member.
 
 For streams the rewrite runs on the bytes the relay forwards; a pattern split across two
 chunks is caught by holding back the shortest chunk tail that could begin one. A chunk that
 ends an SSE event (a line break) can never end inside a pattern, so nothing is delayed in
-the usual case.
+the usual case. Until the first data line is complete the stream's bytes are held (it is the
+first event: nothing else waits for it).
 """
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 import msgspec
 
 from gateway.accounting import StreamScanner
 
-__all__ = ["IdRewriter", "ModelRenamer", "RenamingScanner"]
+__all__ = ["AnswerRewriter", "IdRewriter", "ModelRenamer", "RenamingScanner", "Replacer"]
+
+#: JSON whitespace between a member's name, its colon and its value
+_WS = rb"[ \t\r\n]*"
+#: a member's name and separator, then its value when that is a string (escapes included)
+_MEMBERS = {
+    name: re.compile(rb'("' + name + rb'"' + _WS + rb":" + _WS + rb')("(?:[^"\\]|\\.)*")',
+                     re.DOTALL)
+    for name in (b"model", b"id")
+}
+_NESTS = ("response", "message")
 
 
-class ModelRenamer:
-    """Rewrites one backend model name to one public name (per request, cheap to build)."""
+class _Head(msgspec.Struct):
+    """What the first object says, as far as the rewrite reads it (the rest is skipped)."""
 
-    __slots__ = ("_pairs", "_tail")
+    id: Any = None
+    model: Any = None
+    response: Any = None
+    message: Any = None
 
-    def __init__(self, upstream: str, public: str, *, member: bytes = b'"model"') -> None:
-        up, pub = msgspec.json.encode(upstream), msgspec.json.encode(public)
-        self._pairs = tuple(
-            (member + sep + up, member + sep + pub) for sep in (b":", b": ")
-        )
+
+_decode_head = msgspec.json.Decoder(_Head).decode
+_encode = msgspec.json.encode
+
+
+class Replacer:
+    """Rewrites exact byte patterns, in a whole body or across a stream's chunks."""
+
+    __slots__ = ("_pairs", "_span", "_tail")
+
+    def __init__(self, pairs: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...]
+                 ) -> None:
+        self._pairs = tuple(pairs)
+        self._span = max((len(old) for old, _ in self._pairs), default=1) - 1
         self._tail = b""
 
     def whole(self, body: bytes) -> bytes:
-        """A complete body with the name rewritten."""
+        """A complete body with the patterns rewritten."""
         for old, new in self._pairs:
             if old in body:
                 body = body.replace(old, new)
@@ -62,8 +103,7 @@ class ModelRenamer:
         """Length of the longest tail of ``data`` that is a proper prefix of a pattern."""
         if not data or data[-1] in (10, 13):  # an event's line break ends no pattern
             return 0
-        span = max(len(old) for old, _ in self._pairs) - 1
-        start = max(0, len(data) - span)
+        start = max(0, len(data) - self._span)
         q = data.find(b'"', start)
         while q >= 0:  # every pattern starts with a quote
             tail = data[q:]
@@ -73,81 +113,108 @@ class ModelRenamer:
         return 0
 
 
-class RenamingScanner(StreamScanner):
-    """The stream scanner, forwarding its output with the backend's id replaced by the
-    gateway's and (with a renamer) the model name rewritten."""
-
-    __slots__ = ("_ids", "_renamer")
-
-    def __init__(self, renamer: ModelRenamer | None, *, strip_usage: bool,
-                 ids: IdRewriter | None = None) -> None:
-        super().__init__(strip_usage=strip_usage)
-        self._renamer = renamer
-        self._ids = ids
-
-    def feed(self, chunk: bytes) -> bytes:
-        out = super().feed(chunk)
-        if self._ids is not None:
-            out = self._ids.chunk(out)
-        return self._renamer.chunk(out) if self._renamer is not None else out
-
-    def flush(self) -> bytes:
-        out = super().flush()
-        if self._ids is not None:
-            out = self._ids.chunk(out) + self._ids.flush()
-        if self._renamer is None:
-            return out
-        return self._renamer.chunk(out) + self._renamer.flush()
+def _pairs_of(value: str, new: str, member: bytes = b'"model"') -> list[tuple[bytes, bytes]]:
+    """The compact and the spaced encodings of a member holding ``value``, to ``new``."""
+    old, pub = _encode(value), _encode(new)
+    return [(member + sep + old, member + sep + pub) for sep in (b":", b": ")]
 
 
-class IdRewriter:
-    """The gateway's own id in place of the backend's, in a whole answer or a stream.
+class ModelRenamer(Replacer):
+    """Rewrites one known model name to one public name (both encodings of the member)."""
 
-    Every id a client sees is the gateway's (``chatcmpl-``, ``resp_``, ``msg_`` + the request
-    id: 128 random bits): a backend's ids are often a per-process counter (guessable, and
-    repeated after an engine restart, which would let one stored conversation replace
-    another's). The backend's id is learnt from the first object of the answer (a whole body,
-    or a stream's first ``data:`` line; a Responses or Messages stream nests it in
-    ``response`` / ``message``), then every ``"id"`` member holding exactly that value is
-    rewritten with the byte replacement of :class:`ModelRenamer`. Until the first data line is
-    complete the stream's bytes are held (it is the first event: nothing else waits for it).
+    __slots__ = ()
+
+    def __init__(self, upstream: str, public: str, *, member: bytes = b'"model"') -> None:
+        super().__init__(_pairs_of(upstream, public, member))
+
+
+def _found(head: _Head, name: str) -> str | None:
+    """The first object's top-level member ``name`` (or its ``response``/``message``'s)."""
+    found = getattr(head, name)
+    if isinstance(found, str):
+        return found
+    for nest in _NESTS:
+        inner = getattr(head, nest)
+        if isinstance(inner, dict) and isinstance(inner.get(name), str):
+            return inner[name]  # type: ignore[no-any-return]
+    return None
+
+
+def _learnt(data: bytes, name: bytes, value: str, new: str) -> list[tuple[bytes, bytes]]:
+    """Every member ``name`` of ``data`` holding ``value``, as the engine wrote it, to ``new``
+    (the engine's own separator kept; only the value changes)."""
+    pairs: dict[bytes, bytes] = {}
+    encoded = _encode(new)
+    for match in _MEMBERS[name].finditer(data):
+        whole = match.group(0)
+        if whole in pairs:
+            continue
+        try:
+            same = msgspec.json.decode(match.group(2)) == value
+        except msgspec.DecodeError:
+            continue
+        if same:
+            pairs[whole] = match.group(1) + encoded
+    return list(pairs.items())
+
+
+class AnswerRewriter:
+    """The public model name and the gateway's id in place of the engine's, in a whole answer
+    or a stream (see the module docstring).
+
+    ``public``: the model name the client asked for (None: leave names alone); ``gateway_id``:
+    the id the client sees (None: an answer without ids, e.g. embeddings); ``sent``: the model
+    name the gateway sent the engine, rewritten too when the first object names none.
     """
 
-    __slots__ = ("_head", "_learnt", "_new", "_renamer", "backend_id")
+    __slots__ = ("_head", "_learnt", "_new_id", "_public", "_replacer", "_sent", "backend_id",
+                 "backend_model")
 
-    def __init__(self, gateway_id: str) -> None:
-        self._new: str = gateway_id
+    def __init__(self, public: str | None, gateway_id: str | None = None,
+                 sent: str | None = None) -> None:
+        self._public = public
+        self._new_id = gateway_id
+        self._sent = sent
         self._learnt = False
         self._head = b""
-        self._renamer: ModelRenamer | None = None
-        #: the backend's own id, once learnt (for the usage record and traces only)
+        self._replacer: Replacer | None = None
+        #: the backend's own id and model name, once learnt (for traces only)
         self.backend_id: str | None = None
+        self.backend_model: str | None = None
 
     @property
-    def gateway_id(self) -> str:
+    def gateway_id(self) -> str | None:
         """The id the client sees."""
-        return self._new
+        return self._new_id
 
-    def _learn(self, obj: object) -> None:
+    def _learn(self, data: bytes) -> None:
+        """Learn the engine's id and model from the JSON object ``data``."""
         self._learnt = True
-        if not isinstance(obj, dict):
-            return
-        found = obj.get("id")
-        for nest in ("response", "message"):
-            inner = obj.get(nest)
-            if not isinstance(found, str) and isinstance(inner, dict):
-                found = inner.get("id")
-        if isinstance(found, str) and found != self._new:
-            self.backend_id = found
-            self._renamer = ModelRenamer(found, self._new, member=b'"id"')
+        try:
+            head = _decode_head(data)
+        except msgspec.DecodeError:  # not a JSON object (an error's text): nothing learnt
+            head = None
+        pairs: list[tuple[bytes, bytes]] = []
+        if self._public is not None:
+            model = _found(head, "model") if head is not None else None
+            self.backend_model = model
+            if model is None:
+                if self._sent is not None and self._sent != self._public:
+                    pairs += _pairs_of(self._sent, self._public)
+            elif model != self._public:
+                pairs += _learnt(data, b"model", model, self._public)
+        if self._new_id is not None and head is not None:
+            found = _found(head, "id")
+            if found is not None and found != self._new_id:
+                self.backend_id = found
+                pairs += _learnt(data, b"id", found, self._new_id)
+        if pairs:
+            self._replacer = Replacer(pairs)
 
     def whole(self, body: bytes) -> bytes:
-        """A complete body with the backend's id replaced."""
-        try:
-            self._learn(msgspec.json.decode(body))
-        except msgspec.DecodeError:
-            return body
-        return self._renamer.whole(body) if self._renamer is not None else body
+        """A complete body with the engine's model name and id replaced."""
+        self._learn(body)
+        return self._replacer.whole(body) if self._replacer is not None else body
 
     def chunk(self, data: bytes) -> bytes:
         """The next piece of a stream, rewritten; holds bytes until the first data line."""
@@ -159,15 +226,44 @@ class IdRewriter:
                 self._head = data
                 return b""
             self._head = b""
-            try:
-                self._learn(msgspec.json.decode(data[start + 5:end].strip()))
-            except msgspec.DecodeError:
-                self._learnt = True  # not a JSON event (an error's text): nothing to rewrite
-        return self._renamer.chunk(data) if self._renamer is not None else data
+            self._learn(data[start + 5:end].strip())
+        return self._replacer.chunk(data) if self._replacer is not None else data
 
     def flush(self) -> bytes:
         """Bytes held back at the end of the stream."""
         head, self._head = self._head, b""
-        if self._renamer is None:
+        if self._replacer is None:
             return head
-        return self._renamer.chunk(head) + self._renamer.flush()
+        return self._replacer.chunk(head) + self._replacer.flush()
+
+
+class IdRewriter(AnswerRewriter):
+    """The gateway's own id in place of the backend's, and nothing else."""
+
+    __slots__ = ()
+
+    def __init__(self, gateway_id: str) -> None:
+        super().__init__(None, gateway_id)
+
+    @property
+    def gateway_id(self) -> str:
+        assert self._new_id is not None
+        return self._new_id
+
+
+class RenamingScanner(StreamScanner):
+    """The stream scanner, forwarding its output with the engine's model name and id
+    replaced by the public name and the gateway's id."""
+
+    __slots__ = ("_rewriter",)
+
+    def __init__(self, rewriter: AnswerRewriter, *, strip_usage: bool) -> None:
+        super().__init__(strip_usage=strip_usage)
+        self._rewriter = rewriter
+
+    def feed(self, chunk: bytes) -> bytes:
+        return self._rewriter.chunk(super().feed(chunk))
+
+    def flush(self) -> bytes:
+        rewriter = self._rewriter
+        return rewriter.chunk(super().flush()) + rewriter.flush()

@@ -123,6 +123,22 @@ def _alive_in_group(pgid: int) -> bool:
     return False
 
 
+def _children(parent: int) -> list[int]:
+    """Pids of the processes whose parent is ``parent`` (from /proc)."""
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parens, so split after it
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == parent:
+            found.append(int(entry.name))
+    return found
+
+
 class PostgresServer:
     """One PostgreSQL cluster in its own temporary directory, on one port for its lifetime."""
 
@@ -278,10 +294,13 @@ class PostgresServer:
             time.sleep(0.01)
 
     def signal_all(self, sig: signal.Signals) -> None:
-        """A signal to the postmaster and its backends (SIGSTOP / SIGCONT: a hung server)."""
+        """A signal to the postmaster and each of its children (SIGSTOP / SIGCONT: a hung
+        server). The children one by one: each backend and auxiliary process calls
+        ``setsid`` at its start, so none is in the postmaster's process group."""
         if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
+            for pid in (self.proc.pid, *_children(self.proc.pid)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
 
     def close(self) -> None:
         """Stop the server and remove its directory (data, socket, log). A fast shutdown, not

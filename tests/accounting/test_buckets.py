@@ -31,7 +31,7 @@ from gateway.accounting import (
     usage_from_mapping,
 )
 from gateway.accounting.prices import MICROS
-from gateway.accounting.usage import Shape
+from gateway.accounting.usage import Shape, checked_usage
 
 # per million tokens: input 2.50, cache read 1.25, cache write 3.75, output 10, reasoning 12
 PRICE = ModelPrice.parse(input="2.50", cached_input="1.25", cache_write_input="3.75",
@@ -135,6 +135,8 @@ def test_anthropic_write_by_lifetime_and_from_a_parsed_event() -> None:
     assert usage_from_mapping(by_ttl, "anthropic") == BackendUsage(
         prompt_tokens=60, completion_tokens=1, total_tokens=61, cache_write_tokens=50)
     assert usage_from_mapping({"input_tokens": -1}, "anthropic") is None
+    assert checked_usage({"input_tokens": -1}, "anthropic") == BackendUsage(
+        rejected="negative:input_tokens")
 
 
 def test_responses_usage() -> None:
@@ -190,25 +192,31 @@ def test_cache_write_taken_in_prompt_order_after_the_read() -> None:
         pytest.param({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": -5},
                       "completion_tokens": 4, "completion_tokens_details":
                       {"reasoning_tokens": -1}},
-                     BackendUsage(prompt_tokens=10, completion_tokens=4), id="negative-details"),
+                     BackendUsage(rejected="negative:cached_tokens"), id="negative-details"),
         pytest.param({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 12}},
-                     BackendUsage(prompt_tokens=10, cached_tokens=10), id="read-over-prompt"),
+                     BackendUsage(prompt_tokens=10, cached_tokens=10, overstated=12),
+                     id="read-over-prompt"),
         pytest.param({"prompt_tokens": 10, "cache_read_input_tokens": 6,
                       "cache_creation_input_tokens": 9},
-                     BackendUsage(prompt_tokens=10, cached_tokens=6, cache_write_tokens=4),
+                     BackendUsage(prompt_tokens=10, cached_tokens=6, cache_write_tokens=4,
+                                  overstated=9),
                      id="write-over-what-is-left"),
-        pytest.param({"completion_tokens": 3, "completion_tokens_details":
+        pytest.param({"prompt_tokens": 0, "completion_tokens": 3, "completion_tokens_details":
                       {"reasoning_tokens": 7}},
-                     BackendUsage(completion_tokens=3, reasoning_tokens=3),
+                     BackendUsage(completion_tokens=3, reasoning_tokens=3, overstated=7),
                      id="reasoning-over-completion"),
-        pytest.param({"prompt_tokens": 10, "completion_tokens": -1}, None, id="negative-total"),
-        pytest.param({"prompt_tokens": 1.5}, None, id="fractional-total"),
+        pytest.param({"prompt_tokens": 10, "completion_tokens": -1},
+                     BackendUsage(rejected="negative:completion_tokens"), id="negative-total"),
+        pytest.param({"prompt_tokens": 1.5}, BackendUsage(rejected="not_integer:prompt_tokens"),
+                     id="fractional-total"),
+        pytest.param({"completion_tokens": 3}, BackendUsage(rejected="missing:prompt_tokens"),
+                     id="no-prompt-total"),
     ],
 )
-def test_nonsense_is_clamped_or_refused(usage: dict[str, Any],
-                                        expected: BackendUsage | None) -> None:
+def test_nonsense_is_clamped_or_refused(usage: dict[str, Any], expected: BackendUsage) -> None:
     assert usage_from_body(msgspec.json.encode({"usage": usage})) == expected
-    assert usage_from_mapping(usage) == expected
+    assert checked_usage(usage) == expected
+    assert usage_from_mapping(usage) == (None if expected.rejected else expected)
 
 
 def test_account_clamps_a_hand_built_report() -> None:

@@ -44,7 +44,8 @@ def test_reported_usage_fits_the_split() -> None:
 def test_no_usage_means_estimated() -> None:
     usage = account(SPLIT, None, estimated_output=42)
     assert usage == TokenUsage(
-        system=100, history=300, new=100, output=42, prompt_total=500, estimated=True
+        system=100, history=300, new=100, output=42, prompt_total=500, estimated=True,
+        estimate_reason="no_usage",
     )
 
 

@@ -43,20 +43,29 @@ def body(**fields: Any) -> bytes:
             id="embeddings",
         ),
         pytest.param(
+            body(usage={"prompt_tokens": 3, "prompt_tokens_details": None,
+                        "completion_tokens_details": {"reasoning_tokens": None}}),
+            BackendUsage(prompt_tokens=3),
+            id="null-details",
+        ),
+        pytest.param(
             body(
                 usage={"prompt_tokens": 3, "completion_tokens": None, "prompt_tokens_details": None}
             ),
-            BackendUsage(prompt_tokens=3),
-            id="nulls",
+            BackendUsage(rejected="null:completion_tokens"),
+            id="null-total",
         ),
         pytest.param(
             body(usage={"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 9}}),
-            BackendUsage(prompt_tokens=3, cached_tokens=3),
+            BackendUsage(prompt_tokens=3, cached_tokens=3, overstated=9),
             id="cached-capped",
         ),
         pytest.param(body(choices=[]), None, id="absent"),
         pytest.param(body(usage=None), None, id="null"),
-        pytest.param(body(usage={"prompt_tokens": -1}), None, id="negative"),
+        pytest.param(body(usage={"prompt_tokens": -1}),
+                     BackendUsage(rejected="negative:prompt_tokens"), id="negative"),
+        pytest.param(body(usage="12"), BackendUsage(rejected="malformed:usage"),
+                     id="usage-not-an-object"),
         pytest.param(b"<html>502</html>", None, id="not-json"),
     ],
 )

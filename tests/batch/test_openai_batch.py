@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,7 +138,11 @@ def test_tenants_cannot_see_each_others_objects(gateway: GatewayProcess) -> None
             call()
     assert batch.id not in [b.id for b in theirs.batches.list()]
     assert batch.id in [b.id for b in mine.batches.list()]
-    wait_status(mine, batch.id, {"completed"}, timeout=20)
+    done = wait_status(mine, batch.id, {"completed"}, timeout=20)
+    # every id the client sees carries 128 random bits (32 hex digits), the output file's too
+    assert re.fullmatch(r"file-[0-9a-f]{32}", uploaded.id), uploaded.id
+    assert re.fullmatch(r"batch_[0-9a-f]{32}", batch.id), batch.id
+    assert done.output_file_id == f"file-{batch.id.removeprefix('batch_')}-output"
     assert mine.files.delete(uploaded.id).deleted
     with pytest.raises(openai.NotFoundError):
         mine.files.retrieve(uploaded.id)

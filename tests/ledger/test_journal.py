@@ -7,13 +7,19 @@ Both SQL ledgers, on real files and a real PostgreSQL; the SIGKILL case is in
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
+from gateway.app.state import make_ledger
+from gateway.config.model import Store
 from gateway.ledger import LedgerSettings, UsageRecord
+from gateway.ledger import journal as journal_module
 from gateway.ledger.journal import Journal
 from gateway.ledger.record import decode_records, encode_lines
 from gateway.ledger.sql import open_ledger
@@ -173,3 +179,98 @@ async def test_records_with_one_request_id_are_two_journal_entries(
     await asyncio.wait_for(fb, TIMEOUT)  # its own fsync
     await journal.close()
     assert len(journal_files(tmp_path)) == 1  # b was never stored: kept for adoption
+
+
+async def test_a_failed_journal_write_leaves_whole_lines_and_the_journal_recovers(
+    tmp_path: Path, tenant: str, make_record: RecordFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails part-way (ENOSPC after some bytes) is cut back to the segment's last
+    whole record, the journal pauses, and after ``RETRY_AFTER`` it journals again in a new
+    segment; no segment ever holds a torn line."""
+    monkeypatch.setattr(journal_module, "RETRY_AFTER", 0.2)
+    journal = Journal(tmp_path)
+    first = make_record(tenant)
+    await asyncio.wait_for(journal.append(first, alone=True), TIMEOUT)
+    real_write = os.write
+
+    def torn(fd: int, data: bytes | memoryview) -> int:
+        real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    second = make_record(tenant)
+    with mock.patch("os.write", torn):
+        pending = journal.append(second, alone=True)
+    assert journal.broken and not pending.done()  # it waits for the ledger's store now
+    for path in journal_files(tmp_path):
+        assert decode_records(path.read_bytes())[1] == 0  # no torn line
+    await asyncio.sleep(0.3)
+    third = make_record(tenant)
+    await asyncio.wait_for(journal.append(third, alone=True), TIMEOUT)  # journaled again
+    assert not journal.broken
+    journal.stored([first, second, third])
+    assert pending.done()
+    written = [r.request_id for p in journal_files(tmp_path)
+               for r in decode_records(p.read_bytes())[0]]
+    assert second.request_id not in written
+    await journal.close()
+
+
+def test_the_file_system_of_a_path_is_its_longest_mount(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/vda / ext4 rw 0 0\n"
+        "server:/export /srv/share nfs4 rw 0 0\n"
+        "tmpfs /srv/share/fast tmpfs rw 0 0\n"
+        "server:/x /mnt/with\\040space cifs rw 0 0\n")
+    assert journal_module.filesystem_of("/var/spool", str(mounts)) == "ext4"
+    assert journal_module.filesystem_of("/srv/share/spool", str(mounts)) == "nfs4"
+    assert journal_module.filesystem_of("/srv/share", str(mounts)) == "nfs4"
+    assert journal_module.filesystem_of("/srv/share/fast/j", str(mounts)) == "tmpfs"
+    assert journal_module.filesystem_of("/srv/sharex", str(mounts)) == "ext4"
+    assert journal_module.filesystem_of("/mnt/with space/j", str(mounts)) == "cifs"
+    assert journal_module.filesystem_of("/x", str(tmp_path / "missing")) == ""
+    assert journal_module.journal_is_local(tmp_path)  # this test's own disk
+
+
+def test_auto_durability_journals_on_a_local_disk(tmp_path: Path) -> None:
+    """The default (``auto``) journals (``process``) where the spool directory is local."""
+    store = Store(data_dir=str(tmp_path / "data"), spool_dir=str(tmp_path / "spool"))
+    assert store.ledger_durability == "auto"
+    assert make_ledger(store).auto_mode == "process"
+
+
+async def test_write_now_is_in_the_file_before_its_fdatasync(
+    tmp_path: Path, tenant: str, make_record: RecordFactory
+) -> None:
+    """``process`` durability: the record is in the journal file when ``write_now`` returns
+    (what a killed process leaves behind), the fdatasync follows in the background, and the
+    copy goes once the ledger stores the record."""
+    journal = Journal(tmp_path)
+    records = [make_record(tenant) for _ in range(5)]
+    assert all(journal.write_now(r) for r in records)
+    (path,) = journal_files(tmp_path)
+    assert [r.request_id for r in decode_records(path.read_bytes())[0]] == [
+        r.request_id for r in records]
+    for _ in range(100):  # the background fdatasync
+        if journal.fsyncs:
+            break
+        await asyncio.sleep(0.05)
+    assert journal.fsyncs >= 1
+    journal.stored(records)
+    assert journal.unstored == 0
+    await journal.close()
+    assert journal_files(tmp_path) == []
+
+
+async def test_write_process_falls_back_to_the_store_when_the_journal_fails(
+    open_sql: Opener, tmp_path: Path, tenant: str, make_record: RecordFactory
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    ledger = await open_sql(tmp_path / "spool", flush_interval=0.05, replay_interval=3600.0)
+    ledger.journal = Journal(blocker / "journal")  # every write fails
+    record = make_record(tenant)
+    waiter = ledger.write_process(record)
+    assert waiter is not None  # not written: it waits for the store
+    await asyncio.wait_for(waiter, 10)
+    assert await stored_ids(ledger, tenant) == [record.request_id]

@@ -15,7 +15,7 @@ from gateway.ledger import UsageRecord, day_of, decode_record, encode_record, ma
 def test_exported_names_match_all() -> None:
     public = {n for n in dir(ledger_pkg) if not n.startswith("_")} - {"annotations"}
     modules = {
-        "aggregate", "backoff", "base", "errors", "export", "journal", "record", "spool",
+        "aggregate", "backoff", "base", "errors", "export", "health", "journal", "record", "spool",
         "sql", "window",
     }  # fmt: skip
     assert public - modules == set(ledger_pkg.__all__)

@@ -74,12 +74,14 @@ async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Db
     ledger: SqlLedger
     if request.param == "postgresql":
         url = request.getfixturevalue("postgres_url")
+        # a generous write bound: these tests read what they wrote, and a batch slower than
+        # the bound (its days' partitions made on a loaded box) would go to the spool
         ledger = PostgresLedger(url, spool_dir=tmp_path / "spool", settings=settings,
-                                migrate=True)
+                                migrate=True, deadline=30.0)
     else:
         url = f"sqlite:///{tmp_path / 'ledger.db'}"
         ledger = SqliteLedger(tmp_path / "ledger.db", spool_dir=tmp_path / "spool",
-                              settings=settings)
+                              settings=settings, deadline=30.0)
     await ledger.start()
     yield Db(ledger, url)
     await ledger.close()

@@ -91,12 +91,13 @@ async def _stored(url: str, spool: Path) -> list[str]:
 
 @pytest.mark.parametrize(("store", "durability"), [
     ("sqlite", "commit"), ("postgresql", "commit"), ("sqlite", "journal"),
-    ("postgresql", "journal")])
+    ("postgresql", "journal"), ("sqlite", "process"), ("postgresql", "process")])
 def test_sigkill_under_load_loses_no_record_a_client_received(
     store: str, durability: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """``commit``: a response ends once its record is committed; ``journal``: once it is in
-    the local journal (the dead gateway's journal is replayed from its spool directory)."""
+    """``commit``: a response ends once its record is committed; ``journal``: once it is
+    fsync'd to the local journal; ``process`` (the default on a local disk): once it is
+    written there (the dead gateway's journal is replayed from its spool directory)."""
     url = None
     if store == "postgresql":
         url = str(request.getfixturevalue("postgres_url"))

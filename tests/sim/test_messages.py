@@ -12,7 +12,10 @@ import pydantic
 import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 
+from gateway.sim.app import SimApp
+from gateway.sim.engine import Engine
 from gateway.sim.errors import Overloaded, render_error
+from gateway.sim.profiles import get_profile
 from gateway.sim.server import SimServer
 from gateway.tokenizers import REPLY_PRIMING, count_chat_prompt, count_text
 from tests.sim.sse import post_stream
@@ -293,7 +296,12 @@ def test_strict_model_is_not_found() -> None:
 
 
 def test_error_after_the_headers_is_an_error_event() -> None:
-    with SimServer(kv_tokens=256, speedup=10, jitter=0.0) as s:
+    # the API layer refuses a limit beyond the context before the headers; an engine holding
+    # fewer tokens than that context is left to refuse it after them
+    s = SimServer(speedup=10, jitter=0.0)
+    s.app = SimApp(s.config, engine=Engine(get_profile("interactive", kv_tokens=256),
+                                           speedup=10, jitter=0.0))
+    with s:
         body = {"model": "m", "max_tokens": 1000, "messages": USER, "stream": True}
         r, events = post_stream(s.url + "/v1/messages", body)
         assert r.status_code == 200

@@ -11,6 +11,9 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
+from gateway.sim.app import SimApp
+from gateway.sim.engine import Engine
+from gateway.sim.profiles import get_profile
 from gateway.sim.server import SimServer
 from gateway.tokenizers import count_chat_prompt, count_text
 from tests.sim.sse import post_stream
@@ -232,8 +235,13 @@ def test_bad_requests_are_400(server: SimServer, body: dict[str, Any], param: st
 
 
 def test_error_after_the_headers_is_an_error_event() -> None:
-    """A request the KV cache can never hold, streamed: 200, then an ``error`` event."""
-    with SimServer(kv_tokens=256, speedup=10, jitter=0.0) as s:
+    """A request the KV cache can never hold, streamed: 200, then an ``error`` event (the API
+    layer refuses a limit beyond the context before the headers; an engine holding fewer
+    tokens than that context is left to refuse it after them)."""
+    s = SimServer(speedup=10, jitter=0.0)
+    s.app = SimApp(s.config, engine=Engine(get_profile("interactive", kv_tokens=256),
+                                           speedup=10, jitter=0.0))
+    with s:
         body = {"model": "m", "input": "x", "max_output_tokens": 1000}
         assert httpx.post(s.url + "/v1/responses", json=body).status_code == 400
         r, events = post_stream(s.url + "/v1/responses", {**body, "stream": True})

@@ -50,6 +50,7 @@ class ResponsesFrontend(Frontend):
     name = "responses"
     path = "/v1/responses"
     upstream_path = "/v1/responses"
+    output_fields = ("max_output_tokens",)
 
     def translate(self, payload: dict[str, Any],
                   earlier: list[dict[str, Any]] | None = None) -> Translated:

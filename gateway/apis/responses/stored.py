@@ -1,12 +1,15 @@
 """What a stored response gives back: the conversation to re-send, and its input items.
 
 A request naming ``previous_response_id`` continues a stored conversation: the pipeline loads
-the earlier request's chat messages and its answer and passes ``earlier_messages(...)`` to
-``translate`` as ``earlier``, so the backend sees the whole conversation and the history split
-counts those turns as history. The earlier request's ``instructions`` are not carried over
-(OpenAI documents that a new response's instructions replace them), but system and developer
-messages the client sent as input are part of the conversation and are. Reasoning is not
-re-sent either: chat backends that produce it (DeepSeek) refuse it on input.
+it and passes ``conversation(...)`` to ``translate`` as ``earlier``, so the backend sees the
+whole conversation and the history split counts those turns as history. A stored response
+holds the messages its own turn added (``turn_messages``: its input, then its answer's
+assistant turn) and points at the response it continued, so the conversation is its chain's
+turns, oldest first; a row stored before chains holds its whole conversation
+(``earlier_messages``) and starts it. The earlier request's ``instructions`` are not carried
+over (OpenAI documents that a new response's instructions replace them), but system and
+developer messages the client sent as input are part of the conversation and are. Reasoning
+is not re-sent either: chat backends that produce it (DeepSeek) refuse it on input.
 
 ``input_items`` is ``GET /v1/responses/{id}/input_items``: the items the client sent in that
 request (not the history it continued), each with an id, in the API's list shape and cursor
@@ -23,7 +26,10 @@ from gateway.errors import InvalidRequest
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-__all__ = ["MAX_LIMIT", "earlier_messages", "input_items"]
+    from gateway.ledger.sql.responses import StoredResponse
+
+__all__ = ["MAX_LIMIT", "conversation", "earlier_messages", "input_items", "reply_message",
+           "turn_messages"]
 
 #: the largest page ``input_items`` serves (the API's bound; 20 by default)
 MAX_LIMIT = 100
@@ -31,19 +37,45 @@ _PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco
            "reasoning": "rs"}
 
 
+def reply_message(answer: Mapping[str, Any]) -> dict[str, Any]:
+    """``answer``'s assistant turn (text and tool calls, no reasoning) as a chat message."""
+    reply: dict[str, Any] = chat_answer_from_response(answer)["choices"][0]["message"]
+    reply.pop("reasoning_content", None)
+    return reply
+
+
+def turn_messages(own: Sequence[Mapping[str, Any]], answer: Mapping[str, Any]
+                  ) -> list[dict[str, Any]]:
+    """What one turn adds to its conversation, as stored: ``own`` (the chat messages of the
+    request's own input, not its instructions nor the turns it continued), then its answer's
+    assistant turn."""
+    return [*(dict(m) for m in own), reply_message(answer)]
+
+
 def earlier_messages(messages: Sequence[Mapping[str, Any]], answer: Mapping[str, Any]
                      ) -> list[dict[str, Any]]:
-    """The chat messages a later request continuing ``answer`` re-sends: ``messages`` (the
-    stored request's chat messages) without the system message its ``instructions`` made, then
-    the answer's assistant turn (text and tool calls) in chat form."""
+    """The chat messages a later request continuing ``answer`` re-sends, for a row that holds
+    its whole conversation (stored before chains): ``messages`` (the stored request's chat
+    messages) without the system message its ``instructions`` made, then the answer's
+    assistant turn (text and tool calls) in chat form."""
     kept = [dict(m) for m in messages]
     instructions = answer.get("instructions")
     if (isinstance(instructions, str) and kept
             and kept[0] == {"role": "system", "content": instructions}):
         del kept[0]
-    reply = chat_answer_from_response(answer)["choices"][0]["message"]
-    reply.pop("reasoning_content", None)
-    return [*kept, reply]
+    return [*kept, reply_message(answer)]
+
+
+def conversation(chain: Sequence[StoredResponse]) -> list[dict[str, Any]]:
+    """The chat messages a request continuing ``chain``'s last response re-sends (``chain``:
+    its responses, oldest first, as ``ResponseStore.chain`` reads them)."""
+    messages: list[dict[str, Any]] = []
+    for row in chain:
+        if row.delta:
+            messages.extend(row.messages)
+        else:  # a whole conversation (the walk ends there, so it is the first)
+            messages = earlier_messages(row.messages, row.answer)
+    return messages
 
 
 def input_items(

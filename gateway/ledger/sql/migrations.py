@@ -33,6 +33,19 @@ migrated it: upgrade this one).
    without scanning the table (hourly rows land in time order). SQLite keeps its trigger:
    its ``daily_through_ms`` is past any time, so the same reads take whole days from
    ``usage_daily``.
+7. Stored responses as chains, and their storage per tenant: a row continuing another
+   (``previous_response_id``) holds only its own new chat messages (``delta`` = 1) and points
+   at it (``previous_id``, indexed), so a conversation of n turns is O(n) bytes, not O(n^2);
+   the rows written before keep their whole conversation and read as before (``delta`` = 0
+   ends a walk back). ``deleted`` marks a response deleted by its tenant that a later one
+   still continues (kept, unreadable, until nothing needs it). ``bytes`` is each row's size
+   (back-filled from its JSON), and ``stored_response_usage`` holds each tenant's rows and
+   bytes, back-filled and kept by triggers on every insert, replacement and delete (the
+   ``stored_responses`` bound reads one row of it).
+8. ``usage_records.estimate_reason``: why a record's tokens are the gateway's estimate
+   (``no_usage``, a backend figure not believed such as ``too_large:prompt_tokens``, or
+   ``clamped:<field>``); NULL for the records written before it and for every record the
+   backend's usage counted for.
 """
 
 from __future__ import annotations
@@ -210,6 +223,71 @@ INSERT INTO usage_rollup_state (id, daily_through_ms) VALUES (1, {ALWAYS_CURRENT
 """
 
 
+# -- 7: stored responses as chains, and their storage per tenant ----------------------------
+def _chains(text: str, bigint: str, octets: str) -> str:
+    """The columns, indexes and usage table of 7 (``octets``: a column's size in bytes)."""
+    size = " + ".join(octets.format(c) for c in ("request", "messages", "answer"))
+    return f"""
+UPDATE stored_responses SET bytes = {size};
+CREATE INDEX stored_responses_previous ON stored_responses (previous_id)
+    WHERE previous_id IS NOT NULL;
+CREATE INDEX stored_responses_tenant ON stored_responses (tenant, expires_ms);
+CREATE INDEX stored_responses_deleted ON stored_responses (id) WHERE deleted = 1;
+CREATE TABLE stored_response_usage (
+    tenant {text} PRIMARY KEY, responses {bigint} NOT NULL DEFAULT 0,
+    bytes {bigint} NOT NULL DEFAULT 0);
+INSERT INTO stored_response_usage (tenant, responses, bytes)
+SELECT tenant, count(*), sum(bytes) FROM stored_responses GROUP BY tenant;
+"""
+
+
+_CHAINS_PG = """
+ALTER TABLE stored_responses ADD COLUMN previous_id text,
+    ADD COLUMN delta smallint NOT NULL DEFAULT 0,
+    ADD COLUMN deleted smallint NOT NULL DEFAULT 0,
+    ADD COLUMN bytes bigint NOT NULL DEFAULT 0;
+""" + _chains("text", "bigint", "octet_length({})") + """
+CREATE FUNCTION stored_response_usage_track() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO stored_response_usage AS u (tenant, responses, bytes)
+        VALUES (NEW.tenant, 1, NEW.bytes)
+        ON CONFLICT (tenant) DO UPDATE
+        SET responses = u.responses + 1, bytes = u.bytes + excluded.bytes;
+    ELSIF TG_OP = 'UPDATE' THEN
+        UPDATE stored_response_usage SET bytes = bytes - OLD.bytes + NEW.bytes
+        WHERE tenant = NEW.tenant;
+    ELSE
+        UPDATE stored_response_usage SET responses = responses - 1, bytes = bytes - OLD.bytes
+        WHERE tenant = OLD.tenant;
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER stored_response_usage_track
+    AFTER INSERT OR DELETE OR UPDATE OF bytes ON stored_responses
+    FOR EACH ROW EXECUTE FUNCTION stored_response_usage_track();
+"""
+_CHAINS_SQLITE = """
+ALTER TABLE stored_responses ADD COLUMN previous_id TEXT;
+ALTER TABLE stored_responses ADD COLUMN delta INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE stored_responses ADD COLUMN deleted INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE stored_responses ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;
+""" + _chains("TEXT", "INTEGER", "length(CAST({} AS BLOB))") + """
+CREATE TRIGGER stored_response_usage_insert AFTER INSERT ON stored_responses BEGIN
+INSERT INTO stored_response_usage (tenant, responses, bytes) VALUES (NEW.tenant, 1, NEW.bytes)
+ON CONFLICT (tenant) DO UPDATE SET responses = responses + 1, bytes = bytes + excluded.bytes;
+END;
+CREATE TRIGGER stored_response_usage_update AFTER UPDATE OF bytes ON stored_responses BEGIN
+UPDATE stored_response_usage SET bytes = bytes - OLD.bytes + NEW.bytes WHERE tenant = NEW.tenant;
+END;
+CREATE TRIGGER stored_response_usage_delete AFTER DELETE ON stored_responses BEGIN
+UPDATE stored_response_usage SET responses = responses - 1, bytes = bytes - OLD.bytes
+WHERE tenant = OLD.tenant;
+END;
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "usage records", _SCHEMA_TABLE_PG + _RECORDS_PG,
               _SCHEMA_TABLE_SQLITE + _RECORDS_SQLITE),
@@ -225,6 +303,10 @@ MIGRATIONS: tuple[Migration, ...] = (
               _rollup_table("TEXT", "INTEGER", "usage_daily", "day_ms") + _daily_backfill()
               + _sqlite_trigger("usage_daily", "day_ms", 86400000)),
     Migration(6, "daily rollups from closed days", _ROLLUP_STATE_PG, _ROLLUP_STATE_SQLITE),
+    Migration(7, "stored responses as chains, storage per tenant", _CHAINS_PG, _CHAINS_SQLITE),
+    Migration(8, "why a record's tokens are estimated",
+              "ALTER TABLE usage_records ADD COLUMN estimate_reason text;\n",
+              "ALTER TABLE usage_records ADD COLUMN estimate_reason TEXT;\n"),
 )
 
 #: the schema version this gateway reads and writes

@@ -69,6 +69,8 @@ class SqliteLedger(SqlLedger):
         settings: batching and retention.
         migrate: apply missing migrations at start (the embedded default does: its file is
             the gateway's own).
+        busy_timeout: how long a write waits for another worker's lock, seconds.
+        deadline: ``store.ledger_timeout`` (see :class:`SqlLedger`).
     """
 
     dialect = "sqlite"
@@ -81,9 +83,12 @@ class SqliteLedger(SqlLedger):
         settings: LedgerSettings | None = None,
         migrate: bool = True,
         busy_timeout: float = 5.0,
+        deadline: float = 2.0,
     ) -> None:
+        # an insert may wait ``busy_timeout`` for another worker's write lock before it is
+        # abandoned; a flush goes to the spool after ``deadline`` all the same
         super().__init__(spool_dir=spool_dir, settings=settings, migrate=migrate,
-                         deadline=busy_timeout + 5.0)
+                         deadline=deadline, insert_deadline=busy_timeout + 5.0)
         self.path = Path(path)
         self._busy_ms = int(busy_timeout * 1000)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="ledger-sqlite-w")

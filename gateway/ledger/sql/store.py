@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from datetime import UTC, date, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gateway.ledger.base import Ledger, LedgerSettings
 from gateway.ledger.errors import LedgerUnavailable
@@ -44,7 +44,7 @@ from gateway.ledger.sql.usage_query import DEFAULT_LIMIT, UsageQuery
 from gateway.timers.backoff import Backoff
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 
     from gateway.ledger.sql.drift import Drift
     from gateway.ledger.sql.migrations import Dialect
@@ -55,9 +55,13 @@ if TYPE_CHECKING:
 
 __all__ = ["SqlLedger", "Statement"]
 
+_T = TypeVar("_T")
+
 log = logging.getLogger(__name__)
 
 _DAY_MS = 86_400_000
+#: the part of ``deadline`` kept for the spool's write after a database that did not answer
+_SPOOL_RESERVE = 0.25
 #: how often retention runs (and the next days' partitions are made)
 _MAINTAIN_EVERY = 3600.0
 
@@ -68,8 +72,12 @@ class SqlLedger(Ledger):
     Args:
         spool_dir: where records wait while the database is away (local disk).
         settings: batching, retention and replay.
-        deadline: bound of one flush transaction, seconds (plus 1 ms per record).
+        deadline: ``store.ledger_timeout``: a flush whose records are not committed
+            within it (less a quarter second kept for the spool's write) goes to the spool,
+            so a response waiting for its record waits at most this long.
         migrate: apply missing migrations at start instead of refusing to start.
+        insert_deadline: bound of one insert transaction before it is abandoned and the
+            database marked down, seconds (plus 1 ms per record); default ``deadline``.
     """
 
     dialect: Dialect
@@ -81,13 +89,24 @@ class SqlLedger(Ledger):
         settings: LedgerSettings | None = None,
         deadline: float = 2.0,
         migrate: bool = False,
+        insert_deadline: float | None = None,
     ) -> None:
         super().__init__(settings)
         self.spool = Spool(spool_dir, max_segment_bytes=self.settings.spool_segment_bytes)
         self.journal = Journal(spool_dir)  # no file until the first ``write_journaled``
         self._deadline = deadline
+        self._insert_deadline = deadline if insert_deadline is None else insert_deadline
+        #: a flush's bound at the database: the rest of ``deadline`` is the spool's, so a
+        #: record whose database does not answer is still durable within ``deadline``
+        self._write_deadline = deadline - min(_SPOOL_RESERVE, deadline / 4)
         self._migrate = migrate
+        #: paces the background probes of a database that failed
         self._backoff = Backoff(maximum=2.0)
+        #: whether flushes go to the database; once one fails they go straight to the spool
+        #: until a background probe (the replayer's) finds the database answering again, so
+        #: no response waits on a database that just failed
+        self.database_up = True
+        self._announced_down = False
         self._tasks: list[asyncio.Task[None]] = []
         self._replay_lock = asyncio.Lock()
         #: more retention sweeps of the same database (stored responses), run after ``expire``
@@ -153,10 +172,8 @@ class SqlLedger(Ledger):
         try:
             await self._connect()
             await self._check_schema()
-        except LedgerUnavailable as exc:
-            self._backoff.failure()
-            log.warning("ledger: database unavailable at start (%s); spooling until it "
-                        "answers", exc)
+        except LedgerUnavailable as exc:  # the replayer's probe finds it when it answers
+            self._database_down(exc)
         self._tasks = [
             asyncio.create_task(self._run_replayer(), name="ledger-replayer"),
             asyncio.create_task(self._run_maintenance(), name="ledger-retention"),
@@ -185,15 +202,44 @@ class SqlLedger(Ledger):
     # -- writing ---------------------------------------------------------------------------
 
     async def _store(self, batch: list[UsageRecord]) -> None:
-        if self._backoff.allow():
-            try:
-                await self._send(batch)
-                return
-            except LedgerUnavailable as exc:
-                log.warning("ledger: database unavailable, spooling %d records: %s",
-                            len(batch), exc)
+        if self.database_up:
+            sending = asyncio.ensure_future(self._send(batch))
+            done, _ = await asyncio.wait((sending,), timeout=self._write_deadline)
+            if done:
+                try:
+                    sending.result()
+                    return
+                except LedgerUnavailable:
+                    pass  # marked down (and logged) by ``_send``: to the spool at once
+            else:
+                # slower than its bound (a frozen server): the batch goes to the spool now,
+                # so its writers are answered within ``deadline``; the insert goes on, and a
+                # commit it still makes is a duplicate that the replay drops
+                self._database_down(TimeoutError(
+                    f"no commit within {self._write_deadline:g} s"), count=False)
+                sending.add_done_callback(_retrieve)
         await self.spool.append(batch)
         self.stats.spooled += len(batch)
+
+    def _database_down(self, exc: BaseException, *, count: bool = True) -> None:
+        """The database failed (or is slow to answer) a write or a probe: later flushes
+        spool without trying it, and the replayer probes it in the background. Logged once
+        per outage: a probe that answers while writes still fail (SQLite on a full disk
+        reads fine) adds no line. ``count``: a failure that lengthens the probes' pause."""
+        if count:
+            self._backoff.failure()
+        self.database_up = False
+        if not self._announced_down:
+            self._announced_down = True
+            log.warning("ledger: database unavailable (%s); records go to the spool until a "
+                        "background probe finds it answering", exc)
+
+    def _database_written(self) -> None:
+        """A write reached the database: flushes go to it, and an outage logged ends."""
+        self.database_up = True
+        if self._announced_down:
+            self._announced_down = False
+            log.warning("ledger: database answering again; flushes go to it")
 
     async def _spill(self, batch: list[UsageRecord]) -> None:
         await self.spool.append(batch)
@@ -205,24 +251,26 @@ class SqlLedger(Ledger):
 
     async def _send(self, batch: list[UsageRecord]) -> int:
         """Store ``batch`` (in transactions of ``batch_size``); returns how many were new.
-        Raises ``LedgerUnavailable`` (after starting the back-off) when the database is
-        away; chunks stored before that are deduplicated when the rest is resent."""
+        Each insert is bounded by ``deadline`` plus 1 ms a record, without waiting on the
+        driver's cancellation (``_abandon_after``). Raises ``LedgerUnavailable`` (marking the
+        database down) when it is away or does not commit in time; chunks stored before that
+        are deduplicated when the rest is resent."""
         size = self.settings.batch_size
         new = 0
         for i in range(0, len(batch), size):
             chunk = batch[i : i + size]
             try:
                 await self._prepare(chunk)
-                async with asyncio.timeout(self._deadline + 0.001 * len(chunk)):
-                    new += await self._insert(chunk)
+                new += await _abandon_after(self._insert(chunk),
+                                            self._insert_deadline + 0.001 * len(chunk))
             except (LedgerUnavailable, TimeoutError) as exc:
-                self._backoff.failure()
                 if isinstance(exc, TimeoutError):
-                    raise LedgerUnavailable("the database did not commit in time") from exc
-                raise
+                    exc = LedgerUnavailable("the database did not commit in time")
+                self._database_down(exc)
+                raise exc from None
             except Exception:
                 new += await self._one_by_one(chunk)
-        self._backoff.success()
+        self._database_written()
         return new
 
     async def _one_by_one(self, chunk: list[UsageRecord]) -> int:
@@ -259,15 +307,18 @@ class SqlLedger(Ledger):
         """
         async with self._replay_lock:
             adopt_orphans(self.spool)  # a dead process's journal: its records are replayed
-            if not self.spool.segment_paths() or not self._backoff.allow():
+            waiting = bool(self.spool.segment_paths())
+            if (self.database_up and not waiting) or not self._backoff.allow():
                 return 0
-            try:
-                async with asyncio.timeout(self._deadline):
-                    await self._probe()
-            except (LedgerUnavailable, TimeoutError):
-                self._backoff.failure()
+            try:  # the only place a database marked down is tried again
+                await _abandon_after(self._probe(), self._deadline)
+            except (LedgerUnavailable, TimeoutError) as exc:
+                self._database_down(exc)
                 return 0
             self._backoff.success()
+            self.database_up = True  # flushes try it again; the first write confirms it
+            if not waiting:
+                return 0
             self.spool.rotate()
             new = replayed = skipped = segments = 0
             for claim in self.spool.claims():
@@ -322,18 +373,18 @@ class SqlLedger(Ledger):
     async def _run_maintenance(self) -> None:
         while True:
             try:
-                if self._backoff.allow():
+                if self.database_up:
                     await self.expire()
             except Exception:
                 log.exception("ledger: retention failed")
             try:
-                if self._backoff.allow():
+                if self.database_up:
                     await self.compact(int(time.time() * 1000))
             except Exception:
                 log.exception("ledger: daily rollups failed")
             for sweep in self.sweeps:
                 try:
-                    if self._backoff.allow():
+                    if self.database_up:
                         await sweep()
                 except Exception:
                     log.exception("ledger: retention sweep %r failed", sweep)
@@ -440,3 +491,29 @@ def _date_of(ts_ms: int) -> date:
     "everything" reaches far past year 9999)."""
     days = min(max(ts_ms // _DAY_MS, 1 - _EPOCH_ORDINAL), date.max.toordinal() - _EPOCH_ORDINAL)
     return date.fromordinal(_EPOCH_ORDINAL + days)
+
+
+async def _abandon_after(work: Coroutine[Any, Any, _T], limit: float) -> _T:
+    """``work``'s result, or ``TimeoutError`` after ``limit`` seconds without waiting for it
+    to stop: a driver's cancellation may itself wait on the network (asyncpg sends a cancel
+    request to a server that may be frozen), and the bound is the caller's promise. The task
+    is cancelled and left to finish in the background; a write it still commits is a
+    duplicate the spool's replay drops."""
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=limit)
+    except BaseException:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        raise TimeoutError
+    return task.result()
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Consume an abandoned task's outcome (no "exception was never retrieved" warning)."""
+    if not task.cancelled():
+        task.exception()

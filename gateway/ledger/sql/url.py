@@ -68,7 +68,8 @@ def open_ledger(
     if parsed.dialect == "sqlite":
         from gateway.ledger.sql.sqlite import SqliteLedger
 
-        return SqliteLedger(parsed.target, spool_dir=spool_dir, settings=settings)
+        return SqliteLedger(parsed.target, spool_dir=spool_dir, settings=settings,
+                            deadline=deadline)
     from gateway.ledger.sql.postgres import PostgresLedger
 
     return PostgresLedger(parsed.target, spool_dir=spool_dir, settings=settings,

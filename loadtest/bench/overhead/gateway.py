@@ -70,6 +70,7 @@ pools:
 models:
   - name: bench-model
     pool: bench
+    max_output_tokens: 1000000   # the streams bench's streams never end by themselves
 """
 
 

@@ -8,10 +8,13 @@ One command, one run: the nginx fixture backend, the nginx hop, a redis-server a
   to the fixture's live OTLP sink; no server of its own;
 - ``all-on``: the same with the quotas reserved and settled in Redis and the ledger in
   PostgreSQL, buffered (the headline);
-- ``all-on-commit``: ``all-on`` with the default ``ledger_durability: commit`` (a response's
-  last bytes wait for its record's commit: the price of durability);
+- ``all-on-commit``: ``all-on`` with ``ledger_durability: commit`` (a response's last bytes
+  wait for its record's commit in the database);
 - ``all-on-journal``: ``all-on`` with ``ledger_durability: journal`` (the last bytes wait for
   the record's fsync to the local journal; the database gets it in the background);
+- ``all-on-process``: ``all-on`` with ``ledger_durability: process``, what the default
+  (``auto``) is on a local disk (the last bytes wait for the record's write to the local
+  journal, its fsync follows in the background);
 - ``all-on-stages`` (unless ``--no-stages``): ``all-on`` under ``loadtest.bench.overhead.stages``,
   which times each stage of every request; its table is the profile, its p50 shows what the
   timing added;
@@ -60,6 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also run all-on from this tree (PYTHONPATH), e.g. an export of main")
     p.add_argument("--no-commit", action="store_true", help="skip the all-on-commit set-up")
     p.add_argument("--no-journal", action="store_true", help="skip the all-on-journal set-up")
+    p.add_argument("--no-process", action="store_true", help="skip the all-on-process set-up")
     p.add_argument("--no-stages", action="store_true", help="skip the profiled set-up")
     p.add_argument("--no-embedded", action="store_true", help="skip the embedded set-up")
     p.add_argument("--proxy-cpu", default="0")
@@ -87,9 +91,11 @@ def setups(args: argparse.Namespace, workdir: Path) -> dict[str, dict[str, Any]]
         out["embedded"] = {"env": {"OTEL_TRACES_EXPORTER": "otlp"}, "store": BUFFERED}
     out["all-on"] = {"env": ALL_ON, "store": BUFFERED}
     if not args.no_commit:
-        out["all-on-commit"] = {"env": ALL_ON, "store": {}}
+        out["all-on-commit"] = {"env": ALL_ON, "store": {"ledger_durability": "commit"}}
     if not args.no_journal:
         out["all-on-journal"] = {"env": ALL_ON, "store": {"ledger_durability": "journal"}}
+    if not args.no_process:  # the default (``auto``) on a local disk
+        out["all-on-process"] = {"env": ALL_ON, "store": {"ledger_durability": "process"}}
     tree = Path(__file__).resolve().parents[3]
     if not args.no_stages:
         out["all-on-stages"] = _staged(workdir, "all-on-stages", tree)

@@ -44,10 +44,11 @@ def test_setups_name_every_configuration(tmp_path: Path) -> None:
     args = latency.parse_args(["--baseline-tree", str(tmp_path)])
     made = latency.setups(args, tmp_path)
     assert list(made) == ["embedded", "all-on", "all-on-commit", "all-on-journal",
-                          "all-on-stages", "baseline", "baseline-stages"]
+                          "all-on-process", "all-on-stages", "baseline", "baseline-stages"]
     assert made["all-on"]["store"] == {"ledger_durability": "buffered"}
-    assert made["all-on-commit"]["store"] == {}
+    assert made["all-on-commit"]["store"] == {"ledger_durability": "commit"}
     assert made["all-on-journal"]["store"] == {"ledger_durability": "journal"}
+    assert made["all-on-process"]["store"] == {"ledger_durability": "process"}
     assert made["baseline"]["env"]["PYTHONPATH"] == str(tmp_path.resolve())
     assert "stages.py" in made["baseline-stages"]["template"]
     assert "{redis_url}" in made["all-on"]["env"]["GATEWAY_REDIS_URL"]
