@@ -11,7 +11,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gateway.accounting import TokenUsage
@@ -84,6 +84,12 @@ class RequestContext:
     quota: str | None = None  # admitted | rejected:<limit> | unavailable (None: no limits)
     admitted: bool = False  # passed admission: one usage record will be written
     recorded: bool = False  # its usage record was written (before the response's end)
+    #: the whole answer was handed to the client's connection (its last bytes included);
+    #: False once a send failed or the answer was cut or withheld
+    delivered: bool = False
+    #: a stream's provisional records written so far (``Ledger.provisional``), let go once
+    #: its final record is stored
+    provisional: list[Any] | None = None
     batch_id: str | None = None  # set for the lines of a batch job (tags the usage record)
     client_request_id: str | None = None  # the client's correlation id, never used as a key
 

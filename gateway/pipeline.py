@@ -42,6 +42,8 @@ import msgspec
 
 from gateway.accounting import StreamScanner, request_usage
 from gateway.accounting.meter import count_prompt, meter, meter_failed
+from gateway.accounting.record import account
+from gateway.accounting.split import PromptSplit
 from gateway.accounting.usage_bounds import rejection_kind, request_limits
 from gateway.apis.limits import check_output_limit
 from gateway.apis.plan import CHAT_PATH, Upstream, plan_upstream
@@ -320,6 +322,7 @@ class Pipeline:
                     frontend, parsed, route.pool, route.upstream_model, ctx.request_id,
                     lambda: _prompt_tokens(admitted, counter, parsed))
                 path, body, scanner, shape = plan.path, plan.body, plan.scanner, plan.shape
+                answer += plan.headers  # x-gateway-ignored: what a translation dropped
             body = isolate_body(body, runtime.cache_mode(route.pool.name), salt)
             keep = None if frontend is None else keeper(
                 services.responses, frontend, parsed, plan, ctx.tenant or "",
@@ -366,19 +369,40 @@ class Pipeline:
                     # gather made two (7.6 us a stored response against 0.1)
                     saved = keep(forwarded.body)
                     try:
-                        await self._record(runtime, ctx)
+                        made.append(await self._record(runtime, ctx))
                     except BaseException:
                         saved.close()  # the queued row still commits; nobody waits for it
                         raise
                     await saved
                 else:
-                    await self._record(runtime, ctx)
+                    made.append(await self._record(runtime, ctx))
 
+            made: list[UsageRecord] = []  # the record ``finish`` made, for ``_undelivered``
+
+            def progress(chunks: int) -> None:
+                """A stream's provisional record: what a killed process leaves billed."""
+                split = admitted.split if admitted is not None else None
+                usage = account(split or PromptSplit(),
+                                None, estimated_output=chunks, price=price,
+                                batch=ctx.request_class == "batch", reason="interrupted")
+                record = msgspec.structs.replace(
+                    self._make_record(runtime, ctx, usage), outcome="interrupted",
+                    delivered=None, sent_output=chunks)
+                if services.ledger.provisional(record):
+                    if ctx.provisional is None:
+                        ctx.provisional = []
+                    ctx.provisional.append(record)
+
+            keeps = _keeps_provisional(runtime, services.ledger)
             try:
                 await relay_response(forwarded, ctx, send, answer, scanner, finish,
-                                     services.metrics)
+                                     services.metrics, progress if keeps else None)
             finally:
                 release(forwarded, ctx)
+                if made and ctx.provisional:  # the final record stands for them once stored
+                    services.ledger.supersede(made[0], ctx.provisional)
+                if made and not ctx.delivered:  # its last bytes did not reach the client
+                    self._undelivered(ctx, made[0])
                 # the engine's own name for the model, for the trace (the client saw the public)
                 ctx.response_model = (plan.backend_model if plan is not None
                                       else rewriter.backend_model if rewriter is not None
@@ -416,19 +440,26 @@ class Pipeline:
             services.rollouts(ctx)  # a canary's gates read it
         # 8. record (here only for a request that did not reach its response's end)
         if ctx.admitted and not ctx.recorded:
-            services.ledger.write_nowait(self._make_record(runtime, ctx))
+            record = self._make_record(runtime, ctx)
+            services.ledger.write_nowait(record)
+            if ctx.provisional:
+                services.ledger.supersede(record, ctx.provisional)
 
-    def _make_record(self, runtime: Runtime, ctx: RequestContext) -> UsageRecord:
+    def _make_record(self, runtime: Runtime, ctx: RequestContext,
+                     usage: TokenUsage | None = None) -> UsageRecord:
         tenant = ctx.tenant or "default"
         team, organization = runtime.placement(tenant)
-        return make_record(ctx, ctx.usage, tenant=tenant, team=team, organization=organization,
+        return make_record(ctx, usage or ctx.usage, tenant=tenant, team=team,
+                           organization=organization,
                            batch_id=ctx.batch_id, currency=runtime.prices.currency,
                            api=_API.get(ctx.endpoint, "chat"))
 
-    async def _record(self, runtime: Runtime, ctx: RequestContext) -> None:
-        """8. record: the usage record of a request whose response is about to end; with
-        ``store.ledger_durability: commit`` (in the database) or ``journal`` (in the local
-        journal) it is durable when this returns."""
+    async def _record(self, runtime: Runtime, ctx: RequestContext) -> UsageRecord:
+        """8. record: the usage record of a request whose response is about to end, durable
+        when this returns as ``store.ledger_durability`` says (``commit``: in the database;
+        ``journal``: fsync'd to the local journal; ``process``: written there). Raises
+        ``UsageNotRecorded`` past ``store.ledger_timeout``, the record then corrected to the
+        refusal the client gets."""
         ctx.recorded = True
         record = self._make_record(runtime, ctx)
         store = runtime.policy.store
@@ -441,13 +472,26 @@ class Pipeline:
         elif mode == "process":
             written = ledger.write_process(record)
             if written is None:
-                return
+                return record
             durable = written
         else:
             ledger.write_nowait(record)
-            return
+            return record
         if not durable.done():
-            await _durable_within(durable, store.ledger_timeout)
+            try:
+                await _durable_within(durable, store.ledger_timeout)
+            except UsageNotRecorded as exc:  # the answer is withheld: so says its record
+                ledger.amend(record, outcome="failed", status=exc.status, delivered=False,
+                             sent_output=0, **_unbilled(runtime, record))
+                raise
+        return record
+
+    def _undelivered(self, ctx: RequestContext, record: UsageRecord) -> None:
+        """The response's last bytes did not reach the client after its record was made: the
+        record is corrected while it still waits in this process (``Ledger.amend``); one
+        already stored keeps its presumption (``delivered`` true)."""
+        sent = record.sent_output if ctx.stream else 0
+        self.services.ledger.amend(record, delivered=False, sent_output=sent)
 
     async def run_line(self, inbound: Inbound) -> LineAnswer:
         """A batch line, exactly like a live request of its key: quotas, routing, retries,
@@ -470,6 +514,22 @@ class Pipeline:
 #: the client API of each proxied path, for the usage record
 _API = {path: endpoint.api for path, endpoint in ENDPOINTS.items()}
 
+
+
+def _keeps_provisional(runtime: Runtime, ledger: Ledger) -> bool:
+    """Whether a stream writes provisional records: not with ``buffered`` durability (its
+    final record may itself be lost to a killed process), nor without a file to keep them."""
+    return ledger.inflight is not None and runtime.policy.store.ledger_durability != "buffered"
+
+
+def _unbilled(runtime: Runtime, record: UsageRecord) -> dict[str, int]:
+    """The cost fields of a record whose answer the client never got: zero, unless the
+    policy bills failed requests (``prices.bill_failed``)."""
+    if runtime.prices.bill_failed:
+        return {}
+    return dict.fromkeys(("cost_micros", "cost_system", "cost_history", "cost_new",
+                          "cost_tools", "cost_output", "cost_reasoning", "cost_cached",
+                          "cost_cache_write"), 0)
 
 
 async def _durable_within(durable: asyncio.Future[None], timeout: float) -> None:

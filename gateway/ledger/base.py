@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+import msgspec
+
 from gateway.ledger.health import Durability
 from gateway.ledger.sql.usage_query import DEFAULT_LIMIT
 
@@ -145,8 +147,16 @@ class Ledger(abc.ABC):
         self._closed = False
         #: the local journal of ``write_journaled`` (None: it is ``write_durable``)
         self.journal: Journal | None = None
+        #: provisional records of streams under way (``provisional``); None: not kept
+        self.inflight: Journal | None = None
         #: whether records can be made durable now (``/readyz``, one log line per change)
         self.durability = Durability()
+        #: batches being flushed, and corrections of their records (``amend``) to apply if
+        #: the flush fails and they are retried, by ``id`` of the record they replace
+        self._flushing_batches: list[_Batch] = []
+        self._amended: dict[int, UsageRecord] = {}
+        #: ``id`` of a final record -> the provisional records it stands for (``supersede``)
+        self._superseding: dict[int, list[UsageRecord]] = {}
         #: what ``ledger_durability: auto`` means for this ledger (``process`` where its
         #: spool directory is on this host's own disk), set by whoever opens it
         self.auto_mode: Literal["commit", "process"] = "commit"
@@ -190,6 +200,52 @@ class Ledger(abc.ABC):
             return self.write_durable(record)
         self._append(record)
         return None
+
+    def amend(self, record: UsageRecord, **changes: Any) -> bool:
+        """Correct a record this process has not handed to its store yet (a fact learnt after
+        it was made: its answer did not reach the client): the one record is replaced before
+        it is written, never followed by a second. A record in a flush under way is replaced
+        if that flush fails and is retried. False when it is gone (stored or spooled): it
+        keeps what it said. The journal's copy (what a crash would replay) is replaced too."""
+        corrected = msgspec.structs.replace(record, **changes)
+        if self._superseding and (standing := self._superseding.pop(id(record), None)):
+            self._superseding[id(corrected)] = standing
+        buffer = self._buffer
+        for i in range(len(buffer) - 1, -1, -1):
+            if buffer[i] is record:
+                buffer[i] = corrected
+                if self.journal is not None:
+                    self.journal.replaced(record, corrected)
+                return True
+        if any(record in batch.records for batch in self._flushing_batches):
+            self._amended[id(record)] = corrected
+            return True
+        return False
+
+    def _apply_amendments(self, batch: _Batch) -> None:
+        """Put the corrections made while ``batch`` was in a failed flush into it."""
+        records = batch.records
+        for i, record in enumerate(records):
+            corrected = self._amended.pop(id(record), None)
+            if corrected is not None:
+                records[i] = corrected
+                if self.journal is not None:
+                    self.journal.replaced(record, corrected)
+
+    def provisional(self, record: UsageRecord) -> bool:
+        """Write a provisional record of a stream under way (outcome ``interrupted``, its
+        output counted so far) to the local file of such records: a killed process leaves
+        it, and the next start replays it unless the request's final record is stored
+        (``journal.adopt_orphans``). Written again as the stream goes on (the last counts);
+        ``settled`` lets the copies go. False: not kept (no such file, or it failed)."""
+        inflight = self.inflight
+        return inflight is not None and not self._closed and inflight.write_now(record)
+
+    def supersede(self, final: UsageRecord, provisional: list[UsageRecord]) -> None:
+        """``final`` (written) stands for these provisional records of its request: their
+        copies go once it is stored (or spooled), not before, so a crash meanwhile still
+        finds one of them."""
+        self._superseding[id(final)] = provisional
 
     def _append(self, record: UsageRecord) -> int:
         """Buffer one record; its index in the buffer (-1: spooled at once, after close).
@@ -258,19 +314,36 @@ class Ledger(abc.ABC):
             self._flusher = None
         try:
             await self.flush()
-        except Exception:  # the store failed even to spool: keep the records on disk anyway
-            log.exception("ledger drain failed; writing %d records to the spool", self.pending)
-            self._write_late(self._buffer)
-            if self.journal is not None:
-                self.journal.stored(self._buffer)
+        except Exception as exc:  # the store failed even to spool: keep the records on disk
+            log.error("ledger drain failed (%s); writing %d records to the spool", exc,
+                      len(self._buffer))
+            try:
+                self._write_late(self._buffer)
+            except Exception as again:  # a full disk: nowhere to keep them but the journal
+                self._report_lost(again)
+            else:
+                if self.journal is not None:
+                    self.journal.stored(self._buffer)
             self._buffer = []
         for _, waiter in self._waiters:  # durable now, one way or the other
             if not waiter.done():
                 waiter.set_result(None)
         self._waiters = []
-        if self.journal is not None:  # everything is stored or spooled: its copies may go
-            await self.journal.close()
+        for journal in (self.journal, self.inflight):  # what is left in them: a later start's
+            if journal is not None:
+                await journal.close()
         await self._close_store()
+
+    def _report_lost(self, exc: BaseException) -> None:
+        """At shutdown, neither the store nor the spool took the last records: those with a
+        journal copy are replayed by the next start; the others are lost, and said so (the
+        request ids, for a reconciliation against the access log)."""
+        journaled = self.journal.journaled(self._buffer) if self.journal is not None else set()
+        lost = [r.request_id for r in self._buffer if id(r) not in journaled]
+        log.error("ledger: %d records could not be kept at shutdown (%s): %d are in the local "
+                  "journal and will be replayed at the next start, %d are lost: %s",
+                  len(self._buffer), exc, len(self._buffer) - len(lost), len(lost),
+                  ",".join(lost[:1000]))
 
     # -- the flusher ----------------------------------------------------------------------
 
@@ -380,16 +453,29 @@ class Ledger(abc.ABC):
     async def _flush_batch(self, batch: _Batch) -> None:
         """Store one batch; on an error put it back at the front of the buffer (nothing is
         dropped: the next flush tries again) and raise."""
+        self._flushing_batches.append(batch)
         try:
             await self._store(batch.records)
         except BaseException:
             self.stats.flush_errors += 1
+            if self._amended:
+                self._apply_amendments(batch)
             self._put_back(batch)
             raise
+        finally:
+            self._flushing_batches.remove(batch)
+        if self._amended:  # stored as it was: corrections that came too late are dropped
+            for record in batch.records:
+                self._amended.pop(id(record), None)
         self._done(batch)
 
     def _done(self, batch: _Batch) -> None:
         self.durability.recovered()
+        if self._superseding and self.inflight is not None:
+            for record in batch.records:
+                provisional = self._superseding.pop(id(record), None)
+                if provisional is not None:
+                    self.inflight.stored(provisional)
         for _, waiter in batch.waiters:
             if not waiter.done():
                 waiter.set_result(None)

@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.ledger.record import encode_lines
+from gateway.ledger.record import decode_records, encode_lines
 from gateway.ledger.spool import create_locked, fsync_dir, write_all
 
 if TYPE_CHECKING:
@@ -63,6 +63,9 @@ DEFAULT_JOURNAL_SEGMENT_BYTES = 4 * 1024 * 1024
 #: seconds a journal that failed a write waits before it tries again
 RETRY_AFTER = 5.0
 PREFIX = "journal"
+#: the provisional records of streams under way (``Ledger.provisional``): adopted after the
+#: journal's, a request's last line only, so a final record replayed first wins
+INFLIGHT_PREFIX = "inflight"
 
 
 class _Segment:
@@ -93,7 +96,9 @@ class Journal:
     _RECORD_BYTES = 600
 
     def __init__(self, directory: str | os.PathLike[str], *,
-                 max_segment_bytes: int = DEFAULT_JOURNAL_SEGMENT_BYTES) -> None:
+                 max_segment_bytes: int = DEFAULT_JOURNAL_SEGMENT_BYTES,
+                 prefix: str = PREFIX) -> None:
+        self.prefix = prefix
         self.directory = Path(directory)
         self._max = max_segment_bytes
         self._active = _Segment()
@@ -214,6 +219,29 @@ class Journal:
 
         done.add_done_callback(synced)
         self._in_flight = done
+
+    def journaled(self, records: Iterable[UsageRecord]) -> set[int]:
+        """The ``id``s of those of ``records`` written to a journal file (not yet stored)."""
+        where = self._where
+        return {id(r) for r in records if id(r) in where}
+
+    def replaced(self, old: UsageRecord, new: UsageRecord) -> None:
+        """The ledger corrected ``old`` into ``new`` before storing it: the journal's entry
+        follows (written again when its copy is already on disk, so a replay after a crash
+        finds the correction last; the replay keeps a request's last line)."""
+        entry = self._where.pop(id(old), None)
+        future = self._futures.pop(id(old), None)
+        if future is not None:
+            self._futures[id(new)] = future
+        if entry is None:
+            return
+        segment = entry[1]
+        self._where[id(new)] = (new, segment)
+        if segment.fd >= 0 and not self.broken:
+            with contextlib.suppress(OSError):
+                write_all(segment.fd, encode_lines((new,)))
+                segment.written += 0  # the size is re-read by the next write's truncation
+                segment.written = os.lseek(segment.fd, 0, os.SEEK_END)
 
     def stored(self, records: Iterable[UsageRecord]) -> None:
         """The ledger stored (or spooled) these records: their journal copies may go."""
@@ -397,7 +425,7 @@ class Journal:
 
     def _open(self, segment: _Segment) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"{PREFIX}-{time.time_ns():020d}-{os.getpid()}.jsonl"
+        path = self.directory / f"{self.prefix}-{time.time_ns():020d}-{os.getpid()}.jsonl"
         segment.fd, segment.path = create_locked(path), path  # never adoptable while live
 
 
@@ -455,8 +483,10 @@ def _delete(path: Path | None, fd: int) -> None:
 
 def adopt_orphans(spool: Spool) -> int:
     """Rename each journal segment no live process holds into a spool segment of ``spool``
-    (its replay stores the records); returns how many were adopted. Blocking and cheap: one
-    directory listing when there is nothing to adopt."""
+    (its replay stores the records), then each such segment of provisional records (a dead
+    process's streams under way: ``interrupted``) after them, so a request whose final record
+    was journaled keeps that one (the stores drop a second record of a request id); returns
+    how many were adopted. Blocking and cheap: one directory listing when there is nothing."""
     adopted = 0
     for path in sorted(spool.directory.glob(f"{PREFIX}-*.jsonl")):
         try:
@@ -474,4 +504,40 @@ def adopt_orphans(spool: Spool) -> int:
             continue  # a live process's segment, or gone
         finally:
             os.close(fd)
+    for path in sorted(spool.directory.glob(f"{INFLIGHT_PREFIX}-*.jsonl")):
+        adopted += _adopt_provisional(spool, path)
     return adopted
+
+
+def _adopt_provisional(spool: Spool, path: Path) -> int:
+    """A dead process's provisional records, the last of each request (its output counted
+    latest), as a new spool segment; the file goes. 0 for a live process's file."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return 0
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_ino != os.stat(path).st_ino:
+            return 0
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        last = {r.request_id: r for r in decode_records(b"".join(chunks))[0]}
+        if last:
+            target = spool.new_segment_path(suffix="interrupted")
+            making = target.with_name("." + target.name + ".new")
+            out = os.open(making, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                write_all(out, encode_lines(last.values()))
+                os.fsync(out)
+            finally:
+                os.close(out)
+            os.rename(making, target)
+        path.unlink()
+        fsync_dir(spool.directory)
+        return 1
+    except (BlockingIOError, FileNotFoundError):
+        return 0
+    finally:
+        os.close(fd)

@@ -37,7 +37,9 @@ __all__ = [
     "month_of",
 ]
 
-Outcome = Literal["completed", "failed", "cancelled", "rejected"]
+#: ``interrupted``: a provisional record (written when a stream's first byte went out)
+#: replayed after the process died mid-stream; its output is what was counted by then
+Outcome = Literal["completed", "failed", "cancelled", "rejected", "interrupted"]
 
 _DAY_MS = 86_400_000
 
@@ -107,6 +109,13 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: ``too_large:prompt_tokens``, ``null:completion_tokens``; ``accounting.usage_bounds``),
     #: ``clamped:<field>`` for a number the ledger had to fit into its column; None otherwise
     estimate_reason: str | None = None
+    #: whether the whole answer reached the client's connection: True once its last bytes
+    #: were handed over without an error; False for an answer cut (a client gone, a stall, a
+    #: deadline, a backend failing mid-stream) or withheld (``usage_not_recorded``); None for
+    #: records written before this field, and provisional (``interrupted``) ones
+    delivered: bool | None = None
+    #: output tokens of the answer handed to the client (of ``output``)
+    sent_output: int = 0
 
     @property
     def day(self) -> str:
@@ -234,4 +243,6 @@ def make_record(
         currency=currency,
         api=api,
         estimate_reason=u.estimate_reason if u else None,
+        delivered=context.delivered,
+        sent_output=(u.output if u else 0) if context.delivered or context.stream else 0,
     )

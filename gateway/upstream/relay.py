@@ -63,6 +63,8 @@ __all__ = ["relay_response"]
 
 _DONE = b"data: [DONE]"
 _DEADLINE_ERROR = "total timeout: the client did not read the response in time"
+#: a stream's ``progress`` is reported every this many chunks (and at its first)
+PROGRESS_EVERY = 64
 _STALL_ERROR = "client stalled: it read nothing of the response for %g s"
 
 log = logging.getLogger("gateway.upstream")
@@ -176,8 +178,12 @@ async def relay_response(
     scanner: Scanner | None = None,
     finish: Callable[[], Awaitable[None]] | None = None,
     metrics: Metrics | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> None:
     """Send the backend's answer to the client; raises GatewayError before the first byte only.
+
+    ``progress``: called with the chunks relayed so far once a stream's first chunk went out
+    and every ``PROGRESS_EVERY`` chunks after (the pipeline's provisional record).
 
     Returns with the response unfinished when the total deadline passes or the client stops
     reading for ``client_stall`` (the server closes the connection); the caller closes
@@ -192,7 +198,7 @@ async def relay_response(
     guarded = _Guarded(send, forwarded.deadline, forwarded.client_stall)
     try:
         if response.is_stream and status < 400:
-            await _relay_stream(forwarded, ctx, guarded, extra, scanner, finish)
+            await _relay_stream(forwarded, ctx, guarded, extra, scanner, finish, progress)
         else:
             await _relay_whole(forwarded, ctx, guarded, extra, finish)
     except _Expired:
@@ -234,12 +240,15 @@ async def _relay_whole(
     if finish is not None:  # the record is durable before any of the answer goes out
         ctx.outcome = "completed"
         ctx.first_token_ns = ctx.finished_ns = time.perf_counter_ns()
+        ctx.delivered = True  # presumed on the record; corrected if a send below fails
         await finish()
+    ctx.delivered = False
     ctx.response_started = True
     await send({"type": "http.response.start", "status": status, "headers": headers})
     if finish is None:
         ctx.first_token_ns = time.perf_counter_ns()
     await send({"type": "http.response.body", "body": body, "more_body": False})
+    ctx.delivered = True
     ctx.finished_ns = time.perf_counter_ns()
     ctx.outcome = "completed"
 
@@ -251,6 +260,7 @@ async def _relay_stream(
     extra: RawHeaders,
     scanner: Scanner | None,
     finish: Callable[[], Awaitable[None]] | None,
+    progress: Callable[[int], None] | None = None,
 ) -> None:
     response = forwarded.response
     held = b""  # the [DONE] event and what follows it: sent after ``finish``
@@ -264,6 +274,8 @@ async def _relay_stream(
             first = scanner.feed(forwarded.first_chunk) if scanner else forwarded.first_chunk
             await send({"type": "http.response.body", "body": first, "more_body": True})
             chunks = 1
+            if progress is not None:
+                progress(1)
         async for chunk in response.chunks():
             if ctx.first_token_ns is None:
                 ctx.first_token_ns = time.perf_counter_ns()
@@ -276,6 +288,8 @@ async def _relay_stream(
                 out, held = out[:at], out[at:]
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
+            if progress is not None and (chunks == 1 or not chunks % PROGRESS_EVERY):
+                progress(chunks)
         if scanner is not None and (tail := scanner.flush()):
             if held:
                 held += tail
@@ -294,12 +308,17 @@ async def _relay_stream(
         ctx.last_chunk_ns = time.perf_counter_ns()
     if finish is not None:
         ctx.finished_ns = ctx.last_chunk_ns
+        # every chunk of the answer went out: presumed whole on the record, corrected if its
+        # last bytes below fail to
+        ctx.delivered = ctx.outcome == "completed"
         try:
             await finish()
         except GatewayError as exc:  # the record not durable in time: an error, no [DONE]
-            ctx.outcome, ctx.error = "failed", exc.message
+            ctx.outcome, ctx.error, ctx.delivered = "failed", exc.message, False
             held = b""
             if response.is_event_stream:
                 held = scanner.error_event(exc) if scanner is not None else chat_error_event(exc)
+    delivered, ctx.delivered = ctx.delivered, False
     await send({"type": "http.response.body", "body": held, "more_body": False})
+    ctx.delivered = delivered if finish is not None else ctx.outcome == "completed"
     ctx.finished_ns = time.perf_counter_ns()

@@ -274,3 +274,22 @@ async def test_write_process_falls_back_to_the_store_when_the_journal_fails(
     assert waiter is not None  # not written: it waits for the store
     await asyncio.wait_for(waiter, 10)
     assert await stored_ids(ledger, tenant) == [record.request_id]
+
+
+async def test_amend_corrects_a_record_before_it_is_stored_and_in_the_journal(
+    open_sql: Opener, tmp_path: Path, tenant: str, make_record: RecordFactory
+) -> None:
+    """A record learnt to be undelivered after it was written is replaced, not followed by a
+    second: the store gets the correction, and the journal's last line for it is the
+    correction (what a crash would replay)."""
+    ledger = await open_sql(tmp_path / "spool", flush_interval=3600.0, replay_interval=3600.0)
+    record = make_record(tenant, delivered=True)
+    assert ledger.write_process(record) is None
+    assert ledger.amend(record, delivered=False, sent_output=0)
+    (path,) = journal_files(tmp_path / "spool")
+    last = decode_records(path.read_bytes())[0][-1]
+    assert (last.request_id, last.delivered) == (record.request_id, False)
+    await ledger.flush()
+    (stored,) = [r async for r in ledger.export(0, 2**62, tenant)]
+    assert stored.delivered is False and stored.request_id == record.request_id
+    assert not ledger.amend(stored, delivered=True)  # gone to the store: it keeps what it said

@@ -150,3 +150,49 @@ def test_three_gateways_on_one_database_leave_one_row_per_request(
     assert set(received) <= set(stored)
     broken = sum(load.broken for load in loads)
     assert len(stored) <= len(received) + broken  # no record without a request
+
+
+@pytest.mark.parametrize("durability", ["process", "commit"])
+def test_a_stream_cut_by_sigkill_is_billed_as_interrupted(
+    durability: str, tmp_path: Path
+) -> None:
+    """A stream under way when the gateway is SIGKILLed leaves its provisional record: after
+    the next replay it is ``interrupted``, estimated, with the output counted by then; a
+    stream that ended before the kill keeps its final record (one row each)."""
+    with SimServer("interactive", speedup=1, jitter=0.0) as sim:
+        gw = GatewayProcess(tmp_path, _policy(sim.url, durability)).start()
+        body = {"model": "chat-model", "max_tokens": 600, "stream": True,
+                "messages": [{"role": "user", "content": "a long answer please"}]}
+        with httpx.Client(base_url=gw.url, headers=AUTH, timeout=30) as client:
+            done = client.post("/v1/chat/completions", json={**body, "max_tokens": 3})
+            assert done.status_code == 200
+            with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                cut = r.headers["x-request-id"]
+                events = 0
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        events += 1
+                    if events >= 80:  # past the first progress report (64 chunks)
+                        break
+                assert gw.proc is not None
+                gw.proc.send_signal(signal.SIGKILL)
+                gw.proc.wait(timeout=30)
+        gw.stop()
+    records = {r.request_id: r for r in asyncio.run(_records(
+        _ledger_url(gw, None), Path(gw.config).parent / f"spool-{gw.port}"))}
+    assert records[done.headers["x-request-id"]].outcome == "completed"
+    interrupted = records[cut]
+    assert interrupted.outcome == "interrupted", interrupted
+    assert interrupted.estimated and interrupted.estimate_reason == "interrupted"
+    assert 64 <= interrupted.output <= 600 and interrupted.sent_output == interrupted.output
+    assert interrupted.cost_micros > 0 and interrupted.prompt_total > 0
+
+
+async def _records(url: str, spool: Path) -> list[Any]:
+    ledger = open_ledger(url, spool_dir=spool, migrate=True)
+    await ledger.start()
+    try:
+        await ledger.replay()
+        return [r async for r in ledger.export(0, 2**62, "acme")]
+    finally:
+        await ledger.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import msgspec
 import pytest
 
 from gateway.ledger.sql import open_ledger
@@ -64,6 +65,7 @@ def _policy(sim_url: str, disk: Path) -> dict[str, Any]:
     data["auth"]["keys"][0]["tenant"] = "acme"
     data["plans"] = [{"name": "p", "limits": {"rpm": 1_000_000}}]
     data["tenants"] = [{"name": "acme", "plan": "p"}]
+    data["prices"] = {"models": {"chat-model": {"input": "1", "output": "2"}}}
     return data
 
 
@@ -94,12 +96,14 @@ def test_a_full_disk_fails_answers_within_the_bound_and_drains_the_replica(
                     r = _chat(client, n)
                     refused.append(r)
                     ids.append(r.headers["x-request-id"])
+                withheld = [r.headers["x-request-id"] for r in refused]
                 assert [r.status_code for r in refused] == [503] * 4, refused[0].text
                 assert refused[0].json()["error"]["code"] == "usage_not_recorded"
                 assert "store.ledger_timeout" in refused[0].json()["error"]["message"]
 
                 stream = _chat(client, 9, stream=True)
                 ids.append(stream.headers["x-request-id"])
+                withheld.append(stream.headers["x-request-id"])
                 assert stream.status_code == 200  # the stream had started
                 assert b"usage_not_recorded" in stream.content  # its error event
                 assert b"[DONE]" not in stream.content
@@ -124,17 +128,26 @@ def test_a_full_disk_fails_answers_within_the_bound_and_drains_the_replica(
     assert log.count("cannot be made durable") == 1, log[-3000:]
     assert log.count("durable again after") == 1
     assert "Traceback" not in log
-    stored = asyncio.run(_stored(tiny_disk))
+    records = asyncio.run(_stored(tiny_disk))
     # nothing lost: the withheld answers' records were kept and written once space returned
-    assert sorted(stored) == sorted(ids)
+    assert sorted(records) == sorted(ids)
+    # and they say what the client got: a refusal, nothing delivered, nothing billed
+    for rid in withheld:
+        assert (records[rid]["outcome"], records[rid]["status"], records[rid]["delivered"],
+                records[rid]["sent_output"], records[rid]["cost_micros"]) == (
+                    "failed", 503, False, 0, 0), records[rid]
+    delivered = [r for rid, r in records.items() if rid not in withheld]
+    assert all(r["delivered"] and r["outcome"] == "completed" for r in delivered)
+    assert all(r["sent_output"] == r["output"] > 0 and r["cost_micros"] > 0 for r in delivered)
 
 
-async def _stored(disk: Path) -> list[str]:
+async def _stored(disk: Path) -> dict[str, dict[str, Any]]:
     ledger = open_ledger(f"sqlite:///{disk / 'data' / 'ledger.db'}",
                          spool_dir=disk / "spool", migrate=True)
     await ledger.start()
     try:
         await ledger.replay()
-        return [r.request_id async for r in ledger.export(0, 2**62, "acme")]
+        return {r.request_id: msgspec.structs.asdict(r)
+                async for r in ledger.export(0, 2**62, "acme")}
     finally:
         await ledger.close()

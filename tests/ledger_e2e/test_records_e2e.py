@@ -113,6 +113,7 @@ def test_one_record_per_request_reconciles_with_simulator(setup) -> None:  # typ
         assert r["system"] + r["history"] + r["new"] + r["tools"] == r["prompt_total"]
         assert r["tenant"] == "acme" and r["key_id"] == "test" and r["outcome"] == "completed"
         assert r["cost_micros"] > 0
+        assert r["delivered"] is True and r["sent_output"] == r["output"]  # read to the end
     second = [r for r in records if r["history"] > 0]
     assert len(second) == 3  # the follow-up turns re-send the first exchange as history
     # totals by the tenant's own key; reconcile is clean
@@ -156,6 +157,9 @@ def test_disconnect_and_retries_leave_one_record_each(setup) -> None:  # type: i
     assert len(records) == 2
     cancelled = next(r for r in records if r["outcome"] == "cancelled")
     assert cancelled["estimated"] is True and 0 < cancelled["output"] < 3000
+    # it was cut: not delivered, and the output it was sent is what it is billed for
+    assert cancelled["delivered"] is False
+    assert cancelled["sent_output"] == cancelled["output"]
     failed = next(r for r in records if r["outcome"] == "failed")
     assert failed["status"] == 502 and failed["attempts"] >= 1
     # failed before any output: its prompt is counted, but it costs nothing (bill_failed off)

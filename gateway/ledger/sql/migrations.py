@@ -46,6 +46,9 @@ migrated it: upgrade this one).
    (``no_usage``, a backend figure not believed such as ``too_large:prompt_tokens``, or
    ``clamped:<field>``); NULL for the records written before it and for every record the
    backend's usage counted for.
+9. ``usage_records.delivered`` and ``sent_output``: whether the whole answer reached the
+   client's connection, and the output tokens handed to it (NULL and 0 for the records
+   written before it).
 """
 
 from __future__ import annotations
@@ -307,6 +310,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "why a record's tokens are estimated",
               "ALTER TABLE usage_records ADD COLUMN estimate_reason text;\n",
               "ALTER TABLE usage_records ADD COLUMN estimate_reason TEXT;\n"),
+    Migration(9, "whether the answer reached the client",
+              "ALTER TABLE usage_records ADD COLUMN delivered boolean;\n"
+              "ALTER TABLE usage_records ADD COLUMN sent_output integer NOT NULL DEFAULT 0;\n",
+              "ALTER TABLE usage_records ADD COLUMN delivered INTEGER;\n"
+              "ALTER TABLE usage_records ADD COLUMN sent_output INTEGER NOT NULL DEFAULT 0;\n"),
 )
 
 #: the schema version this gateway reads and writes

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from gateway.ledger.base import Ledger, LedgerSettings
 from gateway.ledger.errors import LedgerUnavailable
-from gateway.ledger.journal import Journal, adopt_orphans
+from gateway.ledger.journal import INFLIGHT_PREFIX, Journal, adopt_orphans
 from gateway.ledger.record import UsageRecord
 from gateway.ledger.spool import Spool
 from gateway.ledger.sql.compact import THROUGH
@@ -94,6 +94,7 @@ class SqlLedger(Ledger):
         super().__init__(settings)
         self.spool = Spool(spool_dir, max_segment_bytes=self.settings.spool_segment_bytes)
         self.journal = Journal(spool_dir)  # no file until the first ``write_journaled``
+        self.inflight = Journal(spool_dir, prefix=INFLIGHT_PREFIX)  # nor the first stream's
         self._deadline = deadline
         self._insert_deadline = deadline if insert_deadline is None else insert_deadline
         #: a flush's bound at the database: the rest of ``deadline`` is the spool's, so a
@@ -470,12 +471,15 @@ class SqlLedger(Ledger):
 _TS = RECORD_COLUMNS.index("ts_ms")
 _REQUEST_ID = RECORD_COLUMNS.index("request_id")
 _ESTIMATED = RECORD_COLUMNS.index("estimated")
+_DELIVERED = RECORD_COLUMNS.index("delivered")
 
 
 def _record_of(row: Sequence[Any]) -> UsageRecord:
     """A ``RECORD_COLUMNS`` row as a record (SQLite keeps ``estimated`` as 0/1)."""
     values = dict(zip(RECORD_COLUMNS, row, strict=True))
     values["estimated"] = bool(row[_ESTIMATED])
+    if row[_DELIVERED] is not None:
+        values["delivered"] = bool(row[_DELIVERED])
     return UsageRecord(**values)
 
 
