@@ -48,6 +48,7 @@ from gateway.errors import (
 from gateway.http.asgi import send_error
 from gateway.http.canonical import BadPath, canonical_path, encode_path
 from gateway.request.parse import ENDPOINTS
+from gateway.upstream.model_info import ContextLookup
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -246,7 +247,9 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
     fast_routes["/v1/messages/count_tokens"] = count
     handlers.append(asgi("/v1/messages/count_tokens", name="count_tokens",
                          copy_scope=False)(count))
-    models: ASGIApp = ModelsHandler(current)
+    # the context window an engine reports, for models whose policy sets none
+    lookup = ContextLookup(lambda url, timeout: gateway.upstream.get(url, timeout))
+    models: ASGIApp = ModelsHandler(current, lookup)
     # a mount, because model ids may hold slashes ("meta-llama/Llama-3.1-8B")
     handlers.append(asgi("/v1/models", name="models", is_mount=True, copy_scope=True)(models))
 
@@ -279,6 +282,8 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
             raise AuthenticationFailed(
                 f"/metrics needs 'Authorization: Bearer <token>' (${METRICS_TOKEN_ENV})")
         gateway.finished.flush()  # requests finished in the last few ms count too
+        for pool in gateway.runtime.router.pools.values():  # ejections up to this moment
+            gateway.report_ejections(pool)
         if gateway.siblings is not None:  # and those the other workers answered
             await gateway.siblings.broadcast("flush", SCRAPE_FLUSH_TIMEOUT)
         body, content_type = gateway.metrics.render()

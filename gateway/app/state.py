@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from gateway.ledger.sql.store import SqlLedger
     from gateway.quota.alerts import AlertSink
     from gateway.rollouts import AgreementSource
+    from gateway.routing.pool import PoolState
 
 __all__ = ["METRICS_TOKEN_ENV", "SIBLING_RELOAD_TIMEOUT", "Gateway"]
 
@@ -166,6 +167,8 @@ class Gateway:
         self.access_log = setup_logging(LogSettings.from_env(secrets=_secrets(policy)))
         self.finished = FinishedRequests(self.metrics, self.access_log)
         self._gauges: asyncio.Task[None] | None = None
+        #: each backend's ``ejected_total`` as last reported (``report_ejections``)
+        self._ejections_seen: dict[int, int] = {}
         self.keystore: KeyStore | None = None
         if policy.store.keys_file is not None or os.environ.get(policy.store.redis_url_env):
             self.keystore = open_keystore(policy)
@@ -349,6 +352,17 @@ class Gateway:
             durable=ledger.durability.ok, database_up=getattr(ledger, "database_up", True))
         st.max_lag_ms = 0.0  # the gauge reports the worst lag of each second
 
+    def report_ejections(self, pool: PoolState) -> None:
+        """Ejections since the last report, wherever they were decided (a failed request, a
+        stream that broke after its first byte, a health probe), into
+        ``gateway_ejections_total`` (the gauge loop each second, and every scrape)."""
+        seen = self._ejections_seen
+        for b in pool.backends:
+            new = b.ejected_total - seen.get(id(b), 0)
+            if new > 0:
+                seen[id(b)] = b.ejected_total
+                self.metrics.ejection(pool.name, b.label, new)
+
     async def _gauge_loop(self) -> None:
         """In-flight, queue depth, health and Redis reachability, once a second."""
         while True:
@@ -357,6 +371,7 @@ class Gateway:
                 self.metrics.set_queue_depth(pool.name, pool.queued)
                 started, pool.headroom_started = pool.headroom_started, 0
                 self.metrics.set_headroom(pool.name, pool.headroom_in_use, started)
+                self.report_ejections(pool)
                 for b in pool.backends:
                     self.metrics.set_inflight(pool.name, b.label, b.in_flight)
                     self.metrics.set_backend_health(pool.name, b.label, b.healthy(now))

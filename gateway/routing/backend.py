@@ -35,6 +35,7 @@ class BackendState:
         "config",
         "consecutive_failures",
         "detected_engine",
+        "ejected_total",
         "ejected_until",
         "ejections",
         "engine_kv_usage",
@@ -76,6 +77,9 @@ class BackendState:
         self.signals_warned = False
         self.consecutive_failures = 0
         self.ejections = 0
+        #: ejections since start, whoever decided them (a request, a stream's end, a health
+        #: probe): the ``gateway_ejections_total`` the metrics report from it
+        self.ejected_total = 0
         self.ejected_until = 0.0  # monotonic; 0 = not ejected
         self.half_open_trial = False
         self.not_before = 0.0  # honour a backend's Retry-After
@@ -153,6 +157,7 @@ class BackendState:
         self.half_open_trial = False
         if trial or (not self.ejected_until and self.consecutive_failures >= health.eject_after):
             self.ejections += 1
+            self.ejected_total += 1
             span = min(health.eject_max, health.eject_base * 2 ** (self.ejections - 1))
             self.ejected_until = now + span
             return True

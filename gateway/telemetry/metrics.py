@@ -560,10 +560,11 @@ class Metrics:
         if self.enabled:
             self.rollout_transitions.labels(model, version, reason).inc()
 
-    def ejection(self, pool: str, backend: str) -> None:
-        """A backend was ejected; also marks it unhealthy."""
+    def ejection(self, pool: str, backend: str, count: int = 1) -> None:
+        """A backend was ejected (``count`` times since the last report); also marks it
+        unhealthy."""
         if self.enabled:
-            self.ejections.labels(pool, backend).inc()
+            self.ejections.labels(pool, backend).inc(count)
             self.backend_healthy.labels(pool, backend).set(0)
 
     def client_stall(self, pool: str) -> None:

@@ -138,7 +138,6 @@ async def forward(
         route.tried.append(backend)
         ctx.attempts += 1
         ctx.pool, ctx.backend = pool.name, backend.label
-        ejected_before = backend.ejections
         try:
             with span.attempt(backend.label, pool.name):
                 return await _attempt(upstream, pool, backend, ctx, endpoint, body, headers,
@@ -146,8 +145,6 @@ async def forward(
         except _Failed as failed:
             last = failed.error
             pool.release(backend, route.tenant)
-            if metrics is not None and backend.ejections > ejected_before:
-                metrics.ejection(pool.name, backend.label)
         except BaseException:
             pool.release(backend, route.tenant)
             raise

@@ -51,6 +51,8 @@ def _probe_counts(tmp: Path, sims: list[SimServer], aware: bool) -> tuple[int, i
     prefill)."""
     data = policy({"chat": [s.url for s in sims]})
     data["pools"][0]["prefill_aware"] = aware
+    # the decoding stream is long on purpose: above the default output bound of a model
+    data["models"][0]["max_output_tokens"] = 100_000
     data["server"]["drain_timeout"] = 1  # the held request is cut off at shutdown, not waited
     with GatewayProcess(tmp, data) as gw, httpx.Client(timeout=60) as client, \
             client.stream("POST", gw.url + "/v1/chat/completions", headers=AUTH,
