@@ -127,11 +127,11 @@ def test_a_tenant_learns_nothing_of_anothers_prompt(sim: str, tmp_path: Path) ->
     right_ttft = statistics.median(s[1] for s in seen)
     wrong_ttft = statistics.median(s[3] for s in seen)
     # a hit skips most of the prefill (without isolation the right guess's median is about a
-    # third of the wrong one's); interleaved pairs share the machine's noise alike
+    # third of the wrong one's): printed, not asserted, since a test asserts no timing (a
+    # loaded box moves both medians); the cached counts above are the deterministic signal
     print(f"B's median TTFT over {PAIRS} pairs: right {right_ttft * 1e3:.2f} ms, "
           f"wrong {wrong_ttft * 1e3:.2f} ms; cached right/wrong {sum(right_cached)}/"
           f"{sum(wrong_cached)}")
-    assert right_ttft > 0.8 * wrong_ttft, (right_ttft, wrong_ttft)
 
 
 def test_without_isolation_the_probe_succeeds(sim: str, tmp_path: Path) -> None:
@@ -143,8 +143,6 @@ def test_without_isolation_the_probe_succeeds(sim: str, tmp_path: Path) -> None:
           f"{statistics.median(s[1] for s in seen) * 1e3:.2f} ms, wrong "
           f"{statistics.median(s[3] for s in seen) * 1e3:.2f} ms")
     assert all(s[0] > 1000 and s[2] < s[0] for s in seen)
-    # the timing half of the probe works too: what the isolated test's bound would catch
-    assert statistics.median(s[1] for s in seen) < 0.8 * statistics.median(s[3] for s in seen)
 
 
 def test_tenants_of_a_sharing_organization_share(sim: str, tmp_path: Path) -> None:
