@@ -127,11 +127,12 @@ def test_a_tenant_learns_nothing_of_anothers_prompt(sim: str, tmp_path: Path) ->
     right_ttft = statistics.median(s[1] for s in seen)
     wrong_ttft = statistics.median(s[3] for s in seen)
     # a hit skips most of the prefill (without isolation the right guess's median is about a
-    # third of the wrong one's): printed, not asserted, since a test asserts no timing (a
-    # loaded box moves both medians); the cached counts above are the deterministic signal
+    # third of the wrong one's); interleaved pairs share the machine's noise alike, so load
+    # cannot make the right guesses systematically faster: only a leak can
     print(f"B's median TTFT over {PAIRS} pairs: right {right_ttft * 1e3:.2f} ms, "
           f"wrong {wrong_ttft * 1e3:.2f} ms; cached right/wrong {sum(right_cached)}/"
           f"{sum(wrong_cached)}")
+    assert right_ttft > 0.8 * wrong_ttft, (right_ttft, wrong_ttft)
 
 
 def test_without_isolation_the_probe_succeeds(sim: str, tmp_path: Path) -> None:
@@ -143,6 +144,8 @@ def test_without_isolation_the_probe_succeeds(sim: str, tmp_path: Path) -> None:
           f"{statistics.median(s[1] for s in seen) * 1e3:.2f} ms, wrong "
           f"{statistics.median(s[3] for s in seen) * 1e3:.2f} ms")
     assert all(s[0] > 1000 and s[2] < s[0] for s in seen)
+    # the TTFT medians are printed, not compared: the gap the hit makes (~12 ms on a quiet
+    # box) shrinks under load (16.7 against 20.4 ms seen), and a test asserts no timing
 
 
 def test_tenants_of_a_sharing_organization_share(sim: str, tmp_path: Path) -> None:
