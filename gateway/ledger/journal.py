@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 DEFAULT_JOURNAL_SEGMENT_BYTES = 4 * 1024 * 1024
 #: seconds a journal that failed a write waits before it tries again
 RETRY_AFTER = 5.0
+#: ``write_now``: the longest a written record waits for its fdatasync (what a host crash,
+#: not a killed process, can lose), so one fdatasync covers every record of that window
+SYNC_DELAY = 0.1
 PREFIX = "journal"
 #: the provisional records of streams under way (``Ledger.provisional``): adopted after the
 #: journal's, a request's last line only, so a final record replayed first wins
@@ -119,8 +122,10 @@ class Journal:
         self._retry_at = 0.0
         self._failures = 0
         self._failing_since = 0.0
-        #: segments written to by ``write_now`` and not fdatasync'd since
+        #: segments written to by ``write_now`` and not fdatasync'd since, and whether their
+        #: fdatasync is scheduled
         self._unsynced: list[_Segment] = []
+        self._sync_due = False
         self.appended = 0
         self.fsyncs = 0
 
@@ -163,8 +168,8 @@ class Journal:
 
     def write_now(self, record: UsageRecord) -> bool:
         """Write one record to the journal file on the loop (one ``write`` into the page
-        cache: a killed process cannot lose it) and leave its ``fdatasync`` to the background
-        group (a host crash before it may); True once written. False: the journal cannot
+        cache: a killed process cannot lose it) and leave its ``fdatasync`` to the writer
+        thread within ``SYNC_DELAY`` (a host crash before it may); True once written. False: the journal cannot
         take it now (broken, or this write failed), and the caller must wait for the store.
 
         Why: the ``fdatasync`` a ``journal`` writer waits for is 0.25-0.3 ms of a VM's disk,
@@ -195,13 +200,17 @@ class Journal:
         self.appended += 1
         if segment not in self._unsynced:
             self._unsynced.append(segment)
-        if not self._syncing:
-            self._sync_next()
+        if not self._syncing and not self._sync_due:
+            # one fdatasync per SYNC_DELAY at most, for everything written meanwhile: no
+            # hand-off to the thread (and wake-up back) per request
+            self._sync_due = True
+            asyncio.get_running_loop().call_later(SYNC_DELAY, self._sync_next)
         return True
 
     def _sync_next(self) -> None:
         """``fdatasync`` the segments written to since the last one, in the writer thread;
         one at a time, each covering every write made before it started."""
+        self._sync_due = False
         segments, self._unsynced = self._unsynced, []
         if not segments or self._closed:
             return
@@ -215,7 +224,9 @@ class Journal:
                 self._failed(None if future.cancelled() else future.exception(), [])
                 return
             self.fsyncs += 1
-            self._sync_next()
+            if self._unsynced and not self._sync_due:  # written while this one ran
+                self._sync_due = True
+                asyncio.get_running_loop().call_later(SYNC_DELAY, self._sync_next)
 
         done.add_done_callback(synced)
         self._in_flight = done
