@@ -322,7 +322,6 @@ class Pipeline:
                     frontend, parsed, route.pool, route.upstream_model, ctx.request_id,
                     lambda: _prompt_tokens(admitted, counter, parsed))
                 path, body, scanner, shape = plan.path, plan.body, plan.scanner, plan.shape
-                answer += plan.headers  # x-gateway-ignored: what a translation dropped
             body = isolate_body(body, runtime.cache_mode(route.pool.name), salt)
             keep = None if frontend is None else keeper(
                 services.responses, frontend, parsed, plan, ctx.tenant or "",

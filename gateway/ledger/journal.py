@@ -169,8 +169,9 @@ class Journal:
     def write_now(self, record: UsageRecord) -> bool:
         """Write one record to the journal file on the loop (one ``write`` into the page
         cache: a killed process cannot lose it) and leave its ``fdatasync`` to the writer
-        thread within ``SYNC_DELAY`` (a host crash before it may); True once written. False: the journal cannot
-        take it now (broken, or this write failed), and the caller must wait for the store.
+        thread within ``SYNC_DELAY`` (a host crash before it may); True once written.
+        False: the journal cannot take it now (broken, or this write failed), and the caller
+        must wait for the store.
 
         Why: the ``fdatasync`` a ``journal`` writer waits for is 0.25-0.3 ms of a VM's disk,
         most of what that mode adds to a response; what kills a gateway process (SIGKILL, the

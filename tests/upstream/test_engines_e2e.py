@@ -6,7 +6,8 @@ is learnt from them when the policy names none; a source with none of its engine
 warned of once (not per scrape) and shown as ``gateway_engine_signals_missing 1`` by a real
 gateway process; llama.cpp's ``exceed_context_size_error`` reaches an ``openai`` client as
 OpenAI's 400 ``context_length_exceeded`` (a Responses client too, translated; an
-``anthropic`` client as its 400), the message kept; and each engine is sent the prompt-cache switch it takes.
+``anthropic`` client as its 400), the message kept; and each engine is sent the prompt-cache
+switch it takes.
 """
 
 from __future__ import annotations
