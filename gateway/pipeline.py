@@ -46,7 +46,7 @@ from gateway.accounting.record import account
 from gateway.accounting.split import PromptSplit
 from gateway.accounting.usage_bounds import rejection_kind, request_limits
 from gateway.apis.limits import check_output_limit
-from gateway.apis.plan import CHAT_PATH, Upstream, plan_upstream
+from gateway.apis.plan import CHAT_PATH, Upstream, plan_upstream, refuse_untranslatable
 from gateway.apis.registry import (
     decode_native,
     frontend_for,
@@ -234,6 +234,8 @@ class Pipeline:
             # the output limit, in the client's own field, against the model's ceiling:
             # before admission, so an over-limit request reserves and forwards nothing
             check_output_limit(model, parsed, frontend)
+            # what chat cannot carry, when no pool could take it as sent: 400 before admission
+            refuse_untranslatable(parsed, frontend, runtime.router.pools)
             ctx.request_class = _classify(runtime, inbound, identity, ctx, parsed)
             await self._serve(runtime, inbound, identity, ctx, model, parsed, body, send,
                               answer, span)
@@ -322,6 +324,7 @@ class Pipeline:
                     frontend, parsed, route.pool, route.upstream_model, ctx.request_id,
                     lambda: _prompt_tokens(admitted, counter, parsed))
                 path, body, scanner, shape = plan.path, plan.body, plan.scanner, plan.shape
+                answer += plan.headers  # x-gateway-ignored: what a translation dropped
             body = isolate_body(body, runtime.cache_mode(route.pool.name), salt)
             keep = None if frontend is None else keeper(
                 services.responses, frontend, parsed, plan, ctx.tenant or "",

@@ -12,6 +12,12 @@ from its own store, and a backend would not know the gateway's ids.
 the meter reads (the backend's own answer, in its own usage shape); ``Upstream.final`` is the
 answer as the client's API object once it is complete (a whole body, or a stream's last event),
 for the stored response.
+
+What a translation leaves out (``apis.ignored``) matters only when the request is translated:
+then a refusal the translation recorded is raised (a 400 naming the field), the fields it
+dropped are named in ``Upstream.headers`` (``x-gateway-ignored``), and so is the field that set
+``reasoning_effort`` when the pool's engine takes none (``_NO_REASONING_EFFORT``: it is left
+out of the chat body). A request passed through goes as the client sent it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
+from gateway.apis.ignored import ignored_headers
 from gateway.apis.native import NativeStreamScanner
 from gateway.apis.translate import TranslatingScanner
 from gateway.errors import (
@@ -32,18 +39,20 @@ from gateway.errors import (
     ModelNotFound,
     RateLimited,
 )
+from gateway.upstream.engines import pool_engine
 from gateway.upstream.rename import AnswerRewriter
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from gateway.accounting import Scanner
     from gateway.accounting.usage import Shape
     from gateway.apis.base import Frontend, StreamTranslator
     from gateway.request.parse import ParsedRequest
     from gateway.routing.pool import PoolState
+    from gateway.types import RawHeaders
 
-__all__ = ["Upstream", "plan_upstream"]
+__all__ = ["Upstream", "plan_upstream", "refuse_untranslatable"]
 
 CHAT_PATH = "/v1/chat/completions"
 _SHAPES: dict[str, Shape] = {"messages": "anthropic", "responses": "responses"}
@@ -51,6 +60,9 @@ _SHAPES: dict[str, Shape] = {"messages": "anthropic", "responses": "responses"}
 _NATIVE_IDS = {"messages": "msg_", "responses": "resp_"}
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
+#: engines whose chat completions take no ``reasoning_effort`` (an unknown engine gets it:
+#: chat completions defines it, and the OpenAI-compatible servers take or ignore it)
+_NO_REASONING_EFFORT = frozenset({"tgi"})
 
 
 @dataclass(slots=True)
@@ -77,6 +89,14 @@ class Upstream:
     answered: dict[str, Any] | None = None
     #: the model name the engine answered a translated whole answer with (for the trace)
     answered_model: str | None = None
+    #: the client's fields the translation dropped (none when passed through)
+    ignored: tuple[str, ...] = ()
+
+    @property
+    def headers(self) -> RawHeaders:
+        """The response headers the plan adds: ``x-gateway-ignored`` naming the dropped
+        fields of a translated request."""
+        return ignored_headers(self.ignored)
 
     @property
     def backend_model(self) -> str | None:
@@ -132,6 +152,21 @@ def speaks(pool: PoolState, api: str) -> bool:
     return bool(pool.backends) and all(api in b.apis for b in pool.backends)
 
 
+def refuse_untranslatable(parsed: ParsedRequest, frontend: Frontend | None,
+                          pools: Mapping[str, PoolState]) -> None:
+    """Raise now, before admission, the 400 a translation recorded when the request cannot
+    pass through: no pool speaks its API, or it continues a stored response (always
+    translated). Otherwise a pool that speaks it may still take it as sent, and ``plan_upstream``
+    decides once the route is known."""
+    translated = parsed.translated
+    if frontend is None or translated is None or translated.refusal is None:
+        return
+    native = parsed.native
+    if (native is None or native.get("previous_response_id") is not None
+            or not any(speaks(pool, frontend.name) for pool in pools.values())):
+        raise translated.refusal
+
+
 def plan_upstream(
     frontend: Frontend,
     parsed: ParsedRequest,
@@ -162,7 +197,16 @@ def plan_upstream(
         return Upstream(frontend, True, frontend.upstream_path, _encode(native), scanner,
                         rewriter, parsed.model, request_id, _SHAPES.get(frontend.name, "openai"),
                         parsed.native)
+    translated = parsed.translated
+    ignored: tuple[str, ...] = ()
     chat = dict(parsed.payload)
+    if translated is not None:
+        if translated.refusal is not None:
+            raise translated.refusal  # what chat cannot carry: a 400 naming it
+        ignored = translated.ignored
+        if translated.effort is not None and pool_engine(pool) in _NO_REASONING_EFFORT:
+            chat.pop("reasoning_effort", None)
+            ignored = (*ignored, translated.effort)
     chat["model"] = upstream_model
     scanner = None
     if parsed.stream:
@@ -174,7 +218,7 @@ def plan_upstream(
         scanner = TranslatingScanner(translator)
     return Upstream(frontend, False, CHAT_PATH, _encode(chat), scanner, None, parsed.model,
                     request_id, "openai", parsed.native,
-                    translator if parsed.stream else None)
+                    translator if parsed.stream else None, ignored=ignored)
 
 
 class _RenamedNative(NativeStreamScanner):

@@ -52,6 +52,7 @@ def translate_native(native: dict[str, Any], frontend: Frontend,
     parsed = ParsedRequest(translated.chat, translated.model, translated.stream)
     parsed.native = native
     parsed.earlier = len(earlier) if earlier else 0
+    parsed.translated = translated
     return parsed, translated
 
 

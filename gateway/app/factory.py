@@ -48,6 +48,7 @@ from gateway.errors import (
 from gateway.http.asgi import send_error
 from gateway.http.canonical import BadPath, canonical_path, encode_path
 from gateway.request.parse import ENDPOINTS
+from gateway.upstream.model_info import ContextLookup
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -246,7 +247,9 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
     fast_routes["/v1/messages/count_tokens"] = count
     handlers.append(asgi("/v1/messages/count_tokens", name="count_tokens",
                          copy_scope=False)(count))
-    models: ASGIApp = ModelsHandler(current)
+    # the context window an engine reports, for models whose policy sets none
+    lookup = ContextLookup(lambda url, timeout: gateway.upstream.get(url, timeout))
+    models: ASGIApp = ModelsHandler(current, lookup)
     # a mount, because model ids may hold slashes ("meta-llama/Llama-3.1-8B")
     handlers.append(asgi("/v1/models", name="models", is_mount=True, copy_scope=True)(models))
 

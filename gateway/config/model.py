@@ -502,9 +502,12 @@ class Model(_Base, frozen=True):
     #: ``max_tokens`` and ``max_completion_tokens``, completions ``max_tokens``, Responses
     #: ``max_output_tokens``, Messages ``max_tokens``): above it the request is answered 400
     #: naming the field and this bound, before admission, so nothing is reserved or forwarded.
-    #: Unset: the model's ``context_length`` should the model config gain that key (it has
-    #: none yet), else 32768 (see ``output_ceiling``)
+    #: Unset: the model's ``context_length``, else 32768 (see ``output_ceiling``)
     max_output_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_OUTPUT_TOKENS_LIMIT)] | None = None
+    #: the model's context window in tokens (prompt and output together), as its engine
+    #: serves it (vLLM's ``max_model_len``): shown on ``/v1/models`` so an agent need not
+    #: guess, and the output bound when ``max_output_tokens`` is unset
+    context_length: Annotated[int, msgspec.Meta(ge=1, le=MAX_OUTPUT_TOKENS_LIMIT)] | None = None
     #: request class -> pool, e.g. {interactive: chat-h100, batch: bulk-h100}
     pools: dict[str, Name] = msgspec.field(default_factory=dict)
     #: the model name sent to the backend; defaults to the public name
@@ -517,6 +520,12 @@ class Model(_Base, frozen=True):
     shadow: Shadow | None = None
 
     def __post_init__(self) -> None:
+        if (self.max_output_tokens is not None and self.context_length is not None
+                and self.max_output_tokens > self.context_length):
+            raise ValueError(
+                f"model '{self.name}': max_output_tokens ({self.max_output_tokens}) is above "
+                f"its context_length ({self.context_length})"
+            )
         if self.default_max_tokens > self.output_ceiling:
             raise ValueError(
                 f"model '{self.name}': default_max_tokens ({self.default_max_tokens}) is above "
@@ -526,13 +535,11 @@ class Model(_Base, frozen=True):
     @property
     def output_ceiling(self) -> int:
         """The largest output limit a request may set: ``max_output_tokens``, else the model's
-        context length (a ``context_length`` key, when the model has one), else
-        :data:`DEFAULT_MAX_OUTPUT_TOKENS`."""
+        ``context_length``, else :data:`DEFAULT_MAX_OUTPUT_TOKENS`."""
         if self.max_output_tokens is not None:
             return self.max_output_tokens
-        context = getattr(self, "context_length", None)  # not a policy key yet
-        if type(context) is int and context > 0:
-            return context
+        if self.context_length is not None:
+            return self.context_length
         return DEFAULT_MAX_OUTPUT_TOKENS
 
     @property

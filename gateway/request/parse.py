@@ -25,11 +25,14 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
 from gateway.errors import InvalidRequest, clip
+
+if TYPE_CHECKING:
+    from gateway.apis.base import Translated
 
 __all__ = [
     "ENDPOINTS",
@@ -214,6 +217,8 @@ class ParsedRequest:
     #: how many of ``payload``'s messages are a stored conversation it continues
     #: (``previous_response_id``): they follow the instructions' system message, if any
     earlier: int = 0
+    #: a front-end's translation (what it left out: ``gateway.apis.ignored``)
+    translated: Translated | None = None
 
 
 def _type_name(value: Any) -> str:

@@ -184,6 +184,11 @@ class CompletionRenderer(Renderer):
     def _usage(self, generated: int) -> dict[str, Any]:
         return usage(self.plan.prompt_tokens, generated, self.plan.cached_tokens)
 
+    def _stop_reason(self, generated: int) -> str | None:
+        """The stop string that ended the text (vLLM's ``stop_reason``), once it is whole."""
+        p = self.plan
+        return p.stop_sequence if generated >= len(p.words) else None
+
     def body(self, generated: int) -> bytes:
         p = self.plan
         calls = None
@@ -196,6 +201,7 @@ class CompletionRenderer(Renderer):
             finish_reason=p.finish,
             usage_=self._usage(generated),
             tool_calls=calls,
+            stop_reason=self._stop_reason(generated),
         )
 
     def tokens(self, start: int, end: int) -> bytes:
@@ -221,7 +227,7 @@ class CompletionRenderer(Renderer):
     def closing(self, generated: int) -> bytes:
         fmt = self.fmt
         assert fmt is not None
-        tail = fmt.finish(self.plan.finish)
+        tail = fmt.finish(self.plan.finish, self._stop_reason(generated))
         if self.include_usage:
             tail += fmt.usage(self._usage(generated))
         return tail + DONE

@@ -2,12 +2,16 @@
 
 ``system`` (a string or text blocks) and ``messages`` (a string or content blocks: ``text``,
 ``image``, ``document``, ``tool_use``, ``tool_result``, ``thinking``) are written as chat messages
-to count the prompt and seed the text (``prompt.py``): the system text first; per turn its text,
-an assistant's ``tool_use`` blocks as tool calls, a user's ``tool_result`` blocks as ``tool``
-messages before the rest of the turn. ``max_tokens`` is required, as upstream. With ``tools``, a
-``tool_choice`` other than ``none`` and a last turn holding no ``tool_result``, the answer is one
-``tool_use`` block (``tools.py``); else a ``text`` block, ending ``max_tokens`` (the limit is
-always the client's) or ``stop_sequence``.
+to count the prompt and seed the text (``prompt.py``): the system text first, with the text of
+the ``system``-role messages of ``messages`` folded into it in their order (Claude Code sends
+them); per turn its text, an assistant's ``tool_use`` blocks as tool calls, a user's
+``tool_result`` blocks as ``tool`` messages before the rest of the turn. ``max_tokens`` is
+required, as upstream. With client ``tools`` (server and Anthropic-defined tools are accepted and
+never called), a ``tool_choice`` other than ``none`` and a last turn holding no ``tool_result``,
+the answer is one ``tool_use`` block (``tools.py``); else a ``text`` block, ending ``max_tokens``
+(the limit is always the client's) or ``stop_sequence`` (with the sequence matched). Fields the
+simulator has no use for (``thinking``, ``context_management``, ``output_config``, ...) are
+accepted and ignored.
 
 Blocks that carry ``cache_control`` are cache breakpoints (``cache.py``): the usage splits the
 prompt into ``cache_read_input_tokens``, ``cache_creation_input_tokens`` and the rest,
@@ -155,23 +159,32 @@ def _read(body: dict[str, Any]) -> MessagesRequest:
     turns: list[tuple[str, list[dict[str, Any]]]] = []
     for j, message in enumerate(raw):
         role = message.get("role") if isinstance(message, dict) else None
-        if role not in ("user", "assistant"):
-            raise BadRequest(f"messages.{j}.role: Input should be 'user' or 'assistant'")
+        if role not in ("user", "assistant", "system"):
+            raise BadRequest(
+                f"messages.{j}.role: Input should be 'user', 'assistant' or 'system'"
+            )
         assert isinstance(message, dict)
-        turns.append((role, _blocks(message.get("content"), f"messages.{j}.content")))
+        blocks = _blocks(message.get("content"), f"messages.{j}.content")
+        if role == "system":  # folded into the system prompt, in order
+            _text_of(blocks, f"messages.{j}.content")
+            system = [*system, *blocks]
+        else:
+            turns.append((role, blocks))
+    if not turns:
+        raise BadRequest("messages: at least one user or assistant message is required")
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise BadRequest("tools: Input should be a valid list", param="tools")
+    client: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise BadRequest(f"tools.{i}.name: Field required")
-        if tool.get("type") not in (None, "custom") or not isinstance(
-            tool.get("input_schema"), dict
-        ):
-            raise BadRequest(
-                f"tools.{i}: the simulator serves client tools only (with an input_schema)"
-            )
-    return MessagesRequest(system, turns, tools)
+        if tool.get("type") not in (None, "custom"):
+            continue  # a server or Anthropic-defined tool: never called here
+        if not isinstance(tool.get("input_schema"), dict):
+            raise BadRequest(f"tools.{i}.input_schema: Field required")
+        client.append(tool)
+    return MessagesRequest(system, turns, client)
 
 
 def _choice(raw: Any) -> tuple[str | None, bool]:

@@ -71,6 +71,18 @@ PROFILES: dict[str, Profile] = {
     "batch": Profile(
         name="batch", max_running=256, step_tokens=8192, kv_tokens=450_000, queue_limit=4096
     ),
+    # llama.cpp's llama-server on loadtest.engines.tiny_model's default model (embedding 256,
+    # 4 layers, GPT-2's 50,257-token vocabulary, f16) at -t 1, one CPU core: the engine's CPU
+    # time fitted by `python -m loadtest.engines.shape` (README, "Benchmarks on llama.cpp").
+    # Unlike a GPU, the core is compute bound per sequence (the 50,257 x 256 output matrix and
+    # sampling over the vocabulary): a step costs ~1.4 ms per decoding sequence over a 0.65 ms
+    # base, so batching barely raises throughput, and prefill is ~0.1 ms a token (quadratic
+    # beyond ~1,000 tokens). S is llama-server's -np (set with --slots), T its -b, K its -c.
+    "tiny-llamacpp": Profile(
+        name="tiny-llamacpp", max_running=16, step_tokens=2048, kv_tokens=32_768,
+        queue_limit=4096, step_ms=0.65, per_seq_ms=1.4, per_kctx_ms=1.2,
+        prefill_tokens_per_ms=9.5, attn_quadratic_ms=5e-5, request_overhead_ms=6.5,
+    ),
 }
 
 

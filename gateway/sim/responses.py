@@ -1,10 +1,13 @@
 """``POST /v1/responses``: OpenAI's Responses API, served natively.
 
 The request's ``instructions`` and ``input`` (a string, or items: messages with text parts,
-``function_call`` and ``function_call_output``; ``reasoning`` items count nothing) are written as
-chat messages to count the prompt and seed the text (``prompt.py``). With function ``tools``, a
-``tool_choice`` other than "none" and a last input item that is not a ``function_call_output``,
-the answer is one ``function_call`` output item (``tools.py``); else one ``message`` item.
+``function_call`` / ``custom_tool_call`` and their outputs; ``reasoning`` items count nothing)
+are written as chat messages to count the prompt and seed the text (``prompt.py``). With
+function ``tools`` (custom and built-in tools are accepted, echoed and never called), a
+``tool_choice`` other than "none" and a last input item that is not a call's output, the answer
+is one ``function_call`` output item (``tools.py``); else one ``message`` item. Fields the
+simulator has no use for (``include``, ``reasoning``, ``prompt_cache_key``, a client's own
+such as Codex's ``client_metadata``) are accepted and ignored.
 
 A text answer cut by ``max_output_tokens`` is ``incomplete`` (``incomplete_details.reason``
 ``max_output_tokens``); without that limit it ends ``completed`` at the simulator's default
@@ -17,6 +20,7 @@ event.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -126,7 +130,17 @@ def chat_messages(instructions: str | None, raw: Any) -> tuple[list[dict[str, An
                 },
             }
             _join_call(messages, call)
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            call = {
+                "id": _string(item, "call_id", where),
+                "type": "function",
+                "function": {
+                    "name": _string(item, "name", where),
+                    "arguments": json.dumps({"input": _string(item, "input", where)}),
+                },
+            }
+            _join_call(messages, call)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = _text(item.get("output"), where + ".output")
             call_id = _string(item, "call_id", where)
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
@@ -144,11 +158,12 @@ def chat_messages(instructions: str | None, raw: Any) -> tuple[list[dict[str, An
                 param=f"{where}.type",
             )
         last = str(kind)
-    return messages, last == "function_call_output"
+    return messages, last in ("function_call_output", "custom_tool_call_output")
 
 
 def _tools(raw: Any) -> tuple[list[ToolSpec], list[dict[str, Any]]]:
-    """The function tools offered, and their echo for the response object."""
+    """The function tools offered, and their echo for the response object (other tool types
+    are echoed as sent and never called)."""
     if raw is None:
         return [], []
     if not isinstance(raw, list):
@@ -157,8 +172,11 @@ def _tools(raw: Any) -> tuple[list[ToolSpec], list[dict[str, Any]]]:
     echo: list[dict[str, Any]] = []
     for i, tool in enumerate(raw):
         where = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise BadRequest(f"{where}: the simulator serves function tools only", param=where)
+        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+            raise BadRequest(f"{where}.type must be a string", param=f"{where}.type")
+        if tool["type"] != "function":
+            echo.append(tool)
+            continue
         name = _string(tool, "name", where)
         parameters = tool.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
@@ -185,8 +203,8 @@ def _choice(raw: Any) -> tuple[str | None, bool]:
     if isinstance(raw, dict):
         if raw.get("type") == "function" and isinstance(raw.get("name"), str):
             return raw["name"], False
-        if raw.get("type") == "allowed_tools":
-            return None, False
+        if isinstance(raw.get("type"), str):  # a subset, a custom or built-in tool: none
+            return None, False  # the simulator calls (it calls function tools only)
     raise BadRequest(
         "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}",
         param="tool_choice",

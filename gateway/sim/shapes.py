@@ -1,7 +1,10 @@
 """OpenAI response shapes for chat and text completions, whole and as SSE chunks.
 
 A chat answer is text or one tool call (``message.tool_calls``; streamed as a first delta with
-the call's index, id and function name, then one delta per argument fragment).
+the call's index, id and function name, then one delta per argument fragment). As vLLM does,
+a choice that finished says in ``stop_reason`` the stop string that ended it (null when none
+did): the only way a client of chat completions learns which of its ``stop`` strings matched,
+since the text ends before it.
 
 Streaming renders each token's event from a pre-built prefix and suffix around the JSON-encoded
 word, so the per-token cost is one small concatenation rather than a dict and an encode.
@@ -59,17 +62,21 @@ def completion_body(
     finish_reason: str,
     usage_: dict[str, Any],
     tool_calls: list[dict[str, Any]] | None = None,
+    stop_reason: str | None = None,
 ) -> bytes:
-    """The JSON of a non-streamed ``chat.completion`` or ``text_completion``."""
+    """The JSON of a non-streamed ``chat.completion`` or ``text_completion`` (``stop_reason``:
+    the stop string that ended the text, as vLLM reports it)."""
     choice: dict[str, Any]
     if chat:
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         if tool_calls:
             message["content"] = None
             message["tool_calls"] = tool_calls
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "message": message, "logprobs": None,
+                  "finish_reason": finish_reason, "stop_reason": stop_reason}
     else:
-        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason,
+                  "stop_reason": stop_reason}
     return _encode(
         {
             "id": new_id("chatcmpl" if chat else "cmpl"),
@@ -131,13 +138,16 @@ class ChunkFormat:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
         return self._event({"choices": [choice]})
 
-    def finish(self, finish_reason: str) -> bytes:
-        """The last choice event: empty delta (or text) and the finish reason."""
+    def finish(self, finish_reason: str, stop_reason: str | None = None) -> bytes:
+        """The last choice event: empty delta (or text), the finish reason and the stop string
+        that ended the text (``stop_reason``, as vLLM sends it)."""
         choice: dict[str, Any]
         if self.chat:
-            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason,
+                      "stop_reason": stop_reason}
         else:
-            choice = {"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason,
+                      "stop_reason": stop_reason}
         return self._event({"choices": [choice]})
 
     def usage(self, usage_: dict[str, Any]) -> bytes:

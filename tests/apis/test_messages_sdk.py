@@ -120,6 +120,8 @@ def answering(make: Callable[[dict[str, Any]], dict[str, Any]]) -> Responder:
     def respond(path: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
         assert path == "/v1/messages"
         translated = FRONT.translate(body)
+        if translated.refusal is not None:  # what the pipeline raises for a translated request
+            raise translated.refusal
         answer = make(translated.chat)
         if not translated.stream:
             message = FRONT.answer(answer, model=translated.model, request_id="r1")

@@ -9,7 +9,9 @@ byte and no split point; and the same input fed in one read, or one byte at a ti
 the same bytes in total (a translator never depends on where the backend's reads fall).
 
 Regenerate (``record_streams.py`` says how) only on a deliberate change of the translated
-events, and say so in the commit.
+events, and say so in the commit. Deliberate changes so far: issue 40 moved the Messages
+``ping`` after the first ``content_block_start`` (where Anthropic sends it); the Messages
+cases' outputs were rewritten by replaying their recorded inputs, the inputs unchanged.
 """
 
 from __future__ import annotations

@@ -272,8 +272,6 @@ def test_errors_have_anthropic_shape(server: SimServer, client: anthropic.Anthro
         {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
             {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
         {"model": "m", "max_tokens": 5, "messages": USER, "tools": [{"name": "f"}]},
-        {"model": "m", "max_tokens": 5, "messages": USER,
-         "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
         {"model": "m", "max_tokens": 5, "messages": USER, "tools": TOOLS,
          "tool_choice": {"type": "tool", "name": "nope"}},
         {"model": "m", "max_tokens": 5, "messages": USER, "stop_sequences": "x"},

@@ -221,7 +221,6 @@ def test_stateful_fields_are_refused(server: SimServer, client: openai.OpenAI) -
         ({"input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
         ({"input": "x", "instructions": 1}, "instructions"),
         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
-        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
         ({"input": "x", "tools": TOOLS, "tool_choice": {"type": "function", "name": "no"}},
          "tool_choice"),
         ({"input": "x", "conversation": "conv_1"}, "conversation"),

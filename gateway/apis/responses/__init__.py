@@ -3,8 +3,8 @@
 ``ResponsesFrontend`` is the ``Frontend`` (``gateway.apis.base``) the pipeline holds; its parts,
 each pure (no I/O) and table-tested:
 
-* ``request.py``: check a request in the Responses shape, translate it to chat completions (and
-  ``to_responses``, the inverse for the common subset);
+* ``request.py``: check a request in the Responses shape, translate it to chat completions;
+  ``inverse.py``: ``to_responses``, the inverse for the common subset;
 * ``answer.py``: the ``response`` object for a chat answer (and ``chat_answer_from_response``);
 * ``stream.py``: chat SSE in, Responses SSE out, chunk by chunk;
 * ``stored.py``: what a stored response gives back: the conversation a ``previous_response_id``
@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from gateway.accounting.usage import usage_from_mapping
 from gateway.apis.base import Frontend
 from gateway.apis.responses.answer import chat_answer_from_response, response_id, responses_answer
-from gateway.apis.responses.request import to_chat, to_responses
+from gateway.apis.responses.inverse import to_responses
+from gateway.apis.responses.request import to_chat
 from gateway.apis.responses.stored import earlier_messages, input_items
 from gateway.apis.responses.stream import ResponsesStream
 

@@ -6,68 +6,79 @@ The gateway counts, classifies, admits and routes chat completions requests, so 
 * ``instructions`` -> a ``system`` message first; then ``earlier`` (the chat messages of the
   stored conversation a ``previous_response_id`` continues: history for the split); then
   ``input``: a string (one user message) or items: ``message`` (roles user, assistant, system,
-  developer -> system), ``function_call`` (an assistant ``tool_calls`` entry: consecutive calls
-  and the assistant message before them are one chat message, as chat wants) and
-  ``function_call_output`` (a ``tool`` message). ``reasoning`` items are dropped: a chat backend
-  has nowhere to take them back (the model re-reasons).
+  developer -> system), ``function_call`` and ``custom_tool_call`` (an assistant ``tool_calls``
+  entry; a custom call's ``input`` as the arguments ``{"input": ...}``: consecutive calls and
+  the assistant message before them are one chat message, as chat wants),
+  ``function_call_output`` and ``custom_tool_call_output`` (a ``tool`` message). ``reasoning``
+  items are dropped unnamed: a chat backend has nowhere to take them back (the model
+  re-reasons).
 * content parts: ``input_text`` / ``output_text`` / ``refusal`` are text; a content of text only
   becomes a string (what every chat backend accepts for every role); ``input_image`` with an
   ``image_url`` (a URL or a data URL) becomes a chat ``image_url`` part (user messages only, as
-  in chat); an image by ``file_id``, files and audio are refused.
-* ``tools``: function tools only; ``tool_choice`` auto / none / required / one named function;
+  in chat).
+* ``tools``: function tools; ``tool_choice`` auto / none / required / one named function;
   ``parallel_tool_calls`` (sent only with tools, as chat requires); ``max_output_tokens`` ->
-  ``max_tokens``; ``temperature``, ``top_p``, ``user``; ``text.format`` ``json_schema`` /
-  ``json_object`` -> ``response_format``; ``reasoning.effort`` -> ``reasoning_effort``.
+  ``max_tokens``; ``temperature``, ``top_p``, ``user`` (else ``safety_identifier``);
+  ``text.format`` ``json_schema`` / ``json_object`` -> ``response_format``;
+  ``reasoning.effort`` -> ``reasoning_effort``.
 * ``stream`` -> chat ``stream`` with ``stream_options.include_usage``: the stream translator needs
   the backend's usage for ``response.completed``.
-* kept for the answer's echo, not sent: ``metadata``, ``store``, ``previous_response_id``,
-  ``truncation``, ``text.verbosity``, ``reasoning.summary``, ``include`` and the cache, tier and
-  safety hints (``prompt_cache_key``, ``service_tier``, ...), which a chat backend has no use for.
-* refused with a 400 naming the field: what the gateway cannot do through chat (``background``,
-  ``conversation``, ``prompt`` templates, hosted tools, item references, logprobs, ...) and any
-  parameter the API does not have (as OpenAI answers: ``Unknown parameter``).
+* honoured by the gateway itself: ``store`` (``false``: nothing stored), ``metadata`` (echoed),
+  ``previous_response_id`` (the stored conversation).
 
-``to_responses`` is the inverse for the common subset (a chat request as a Responses request),
-for the property tests and for tools that replay chat traffic.
+What chat cannot express follows the rule of ``apis.ignored``: when translated, dropped and
+named in ``x-gateway-ignored`` (passed through untouched otherwise):
+
+* dropped: ``include`` (``reasoning.encrypted_content`` and the rest: the gateway adds nothing
+  to its answer), ``reasoning.summary``, ``text.verbosity``, ``prompt_cache_key`` and the
+  other cache, tier and hint fields (``prompt_cache_retention``, ``prompt_cache_options``,
+  ``service_tier``, ``max_tool_calls``, ``top_logprobs``, ``truncation: auto``,
+  ``stream_options``), ``context_management``, ``client_metadata`` (Codex) and any parameter
+  the API does not have; tools other than functions (``custom``, ``web_search``,
+  ``local_shell``, ... : ``tools[i]``) and a ``tool_choice`` naming one;
+* refused when translated (a 400 naming the field): what would change what is safe
+  (``moderation``) or what the model is asked (``background``, ``conversation``, ``prompt``
+  templates, ``item_reference`` and hosted-tool items, file and audio parts, images by
+  ``file_id``).
+
+``inverse.py`` holds the inverse for the common subset (``to_responses``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from gateway.apis.base import Translated
+from gateway.apis.ignored import Ignored
 from gateway.errors import InvalidRequest, clip
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-__all__ = ["REASONING_EFFORTS", "to_chat", "to_responses"]
+__all__ = ["REASONING_EFFORTS", "to_chat"]
 
-#: parameters translated or echoed (see the module docstring)
+#: parameters translated, checked or honoured by the gateway (see the module docstring); any
+#: other is dropped or refused (``_leftover``)
 _FIELDS = frozenset({
     "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
-    "max_output_tokens", "temperature", "top_p", "user", "metadata", "stream", "stream_options",
-    "store", "previous_response_id", "reasoning", "text", "truncation", "include",
-    "top_logprobs", "max_tool_calls", "prompt_cache_key", "prompt_cache_retention",
-    "prompt_cache_options", "safety_identifier", "service_tier",
-    # refused unless null or false (``_REFUSED``)
-    "background", "background_options", "conversation", "prompt", "context_management",
-    "moderation", "image", "access_programs",
+    "max_output_tokens", "temperature", "top_p", "user", "metadata", "stream", "store",
+    "previous_response_id", "reasoning", "text", "truncation", "include", "top_logprobs",
+    "safety_identifier",
 })
 
-#: parameters the gateway cannot honour through chat completions: refused unless null / false
+#: parameters the gateway cannot honour through chat completions and may not drop: refused
+#: when translated, unless null / false
 _REFUSED = {
-    "background": "background responses are not supported",
-    "background_options": "background responses are not supported",
+    "background": "background responses are not supported when the backend speaks chat "
+                  "completions",
     "conversation": "the Conversations API is not served: use previous_response_id",
     "prompt": "prompt templates are not served: send instructions and input",
-    "context_management": "context management (compaction) is not supported",
-    "moderation": "moderated responses are not supported",
-    "image": "image context options are not supported",
-    "access_programs": "access programs are not supported",
+    "moderation": "moderated responses are not supported when the backend speaks chat "
+                  "completions",
 }
 
-_REFUSED_KEYS = frozenset(_REFUSED)
 #: the fields ``_check_echoed`` checks but ``store`` (a request with none of them skips it)
 _CHECKED = frozenset({
     "metadata", "previous_response_id", "prompt_cache_key", "safety_identifier",
@@ -83,9 +94,8 @@ _IMAGE_DETAIL = {"low": "low", "high": "high", "auto": "auto", "original": "high
 _TOOL_CHOICES = frozenset({"auto", "none", "required"})
 _TRUNCATION = frozenset({"auto", "disabled"})
 _VERBOSITY = frozenset({"low", "medium", "high"})
-#: the one ``include`` value that would need a translation the gateway does not make
-_LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = 16, 64, 512
+_encode = msgspec.json.encode
 
 
 def _bad(message: str, param: str, code: str | None = None) -> InvalidRequest:
@@ -130,19 +140,20 @@ def _one_of(value: Any, allowed: frozenset[str], param: str) -> str:
     return value
 
 
+def _empty(value: Any) -> bool:
+    """A value that sets nothing: null, false, an empty array or object."""
+    return value is None or value is False or value == [] or value == {}
+
+
 def to_chat(payload: Mapping[str, Any], earlier: Sequence[dict[str, Any]] | None = None
             ) -> Translated:
     """The chat completions request for a Responses request (see the module docstring)."""
     keys = payload.keys()
+    left = Ignored()
     if not keys <= _FIELDS:  # (set operations on the keys: most requests pass both at once)
         for key in keys:
             if key not in _FIELDS:
-                raise _bad(f"Unknown parameter: '{clip(str(key), 64)}'.", str(key),
-                           "unknown_parameter")
-    if not _REFUSED_KEYS.isdisjoint(keys):
-        for key, why in _REFUSED.items():
-            if payload.get(key) not in (None, False):
-                raise _bad(f"'{key}': {why}", key)
+                _leftover(str(key), payload[key], left)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("'model' is required and must be a non-empty string", "model")
@@ -156,22 +167,24 @@ def to_chat(payload: Mapping[str, Any], earlier: Sequence[dict[str, Any]] | None
         messages.extend(earlier)
     if "input" not in payload:
         raise _bad("Missing required parameter: 'input'.", "input", "missing_required_parameter")
-    own = _input_messages(payload["input"])
-    if not own:
+    own = _input_messages(payload["input"], left)
+    if not own and left.refusal is None:
         raise _bad("'input' must not be empty", "input")
     messages.extend(own)
     chat["messages"] = messages
 
     tools = payload.get("tools")
-    names: set[str] = set()
+    names: dict[str, bool] = {}  # tool name -> offered to chat (False: dropped)
     if tools is not None:
-        chat_tools = [_tool(t, f"tools[{i}]") for i, t in enumerate(_array(tools, "tools"))]
-        names = {t["function"]["name"] for t in chat_tools}
+        chat_tools = [t for i, tool in enumerate(_array(tools, "tools"))
+                      if (t := _tool(tool, f"tools[{i}]", left, names)) is not None]
         if chat_tools:
             chat["tools"] = chat_tools
     choice = payload.get("tool_choice")
     if choice is not None:
-        chat["tool_choice"] = _tool_choice(choice, names)
+        chosen = _tool_choice(choice, names, left)
+        if chosen is not None:
+            chat["tool_choice"] = chosen
     parallel = payload.get("parallel_tool_calls")
     if parallel is not None:
         _boolean(parallel, "parallel_tool_calls")
@@ -191,21 +204,34 @@ def to_chat(payload: Mapping[str, Any], earlier: Sequence[dict[str, Any]] | None
     if user is not None:
         chat["user"] = _string(user, "user")
     if not _CHECKED.isdisjoint(keys):
-        _check_echoed(payload)
+        _check_echoed(payload, chat, left)
     elif payload.get("store") is not None:  # the one ``_check_echoed`` would check
         _boolean(payload["store"], "store")
-    _text(payload.get("text"), chat)
-    _reasoning(payload.get("reasoning"), chat)
+    _text(payload.get("text"), chat, left)
+    effort = _reasoning(payload.get("reasoning"), chat, left)
 
     stream = payload.get("stream")
     if stream is not None and _boolean(stream, "stream"):
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
     return Translated(chat=chat, model=model, stream=bool(stream),
-                      max_output=max_output if isinstance(max_output, int) else None)
+                      max_output=max_output if isinstance(max_output, int) else None,
+                      ignored=left.dropped(), refusal=left.refusal, effort=effort)
 
 
-def _input_messages(value: Any) -> list[dict[str, Any]]:
+def _leftover(key: str, value: Any, left: Ignored) -> None:
+    """A parameter chat has no place for: refused when translated (``_REFUSED``), else
+    dropped and named. One that sets nothing (null, false, empty) is neither."""
+    if _empty(value):
+        return
+    why = _REFUSED.get(key)
+    if why is not None:
+        left.refuse(_bad(f"'{key}': {why}", key))
+    else:
+        left.drop(clip(key, 64))
+
+
+def _input_messages(value: Any, left: Ignored) -> list[dict[str, Any]]:
     """The chat messages of ``input``."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
@@ -220,23 +246,29 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
         if kind is None and "role" in item:
             kind = "message"
         if kind == "message":
-            messages.append(_message(item, param))
+            messages.append(_message(item, param, left))
         elif kind == "function_call":
             _attach_call(messages, _function_call(item, param))
         elif kind == "function_call_output":
             messages.append(_call_output(item, param))
+        elif kind == "custom_tool_call":
+            _attach_call(messages, _custom_call(item, param))
+        elif kind == "custom_tool_call_output":
+            messages.append(_call_output(item, param))
         elif kind == "reasoning":
             continue  # model-internal: a chat backend cannot take it back
         elif kind == "item_reference":
-            raise _bad(f"'{param}': item references are not supported: send the item itself "
-                       "or continue with previous_response_id", f"{param}.type")
+            left.refuse(_bad(f"'{param}': item references are not supported: send the item "
+                             "itself or continue with previous_response_id", f"{param}.type"))
         else:
-            raise _bad(f"'{param}.type' {clip(str(kind), 64)!r} is not supported: input items "
-                       "are message, function_call and function_call_output", f"{param}.type")
+            left.refuse(_bad(f"'{param}.type' {clip(str(kind), 64)!r} is not supported when "
+                             "the backend speaks chat completions: input items are message, "
+                             "function_call(_output) and custom_tool_call(_output)",
+                             f"{param}.type"))
     return messages
 
 
-def _message(item: dict[str, Any], param: str) -> dict[str, Any]:
+def _message(item: dict[str, Any], param: str, left: Ignored) -> dict[str, Any]:
     role = item.get("role")
     if role not in _ROLES:
         raise _bad(f"'{param}.role' must be one of assistant, developer, system, user",
@@ -247,10 +279,11 @@ def _message(item: dict[str, Any], param: str) -> dict[str, Any]:
     if not isinstance(content, list):
         raise _bad(f"'{param}.content' must be a string or an array of content parts",
                    f"{param}.content")
-    return {"role": _ROLES[role], "content": _content(content, role, f"{param}.content")}
+    return {"role": _ROLES[role], "content": _content(content, role, f"{param}.content", left)}
 
 
-def _content(parts: list[Any], role: str, param: str) -> str | list[dict[str, Any]]:
+def _content(parts: list[Any], role: str, param: str, left: Ignored
+             ) -> str | list[dict[str, Any]]:
     """Chat content of a message's parts: a string when they are all text, else chat parts."""
     chat_parts: list[dict[str, Any]] = []
     images = False
@@ -265,26 +298,33 @@ def _content(parts: list[Any], role: str, param: str) -> str | list[dict[str, An
             text = _string(part.get("refusal"), f"{where}.refusal")
             chat_parts.append({"type": "text", "text": text})
         elif kind == "input_image":
-            chat_parts.append(_image(part, role, where))
-            images = True
+            image = _image(part, role, where, left)
+            if image is not None:
+                chat_parts.append(image)
+                images = True
         elif kind in ("input_file", "input_audio"):
-            raise _bad(f"'{where}': {kind} parts are not supported: send text or input_image",
-                       f"{where}.type")
+            left.refuse(_bad(f"'{where}': {kind} parts are not supported when the backend "
+                             "speaks chat completions: send text or input_image",
+                             f"{where}.type"))
         else:
-            raise _bad(f"'{where}.type' {clip(str(kind), 64)!r} is not supported: content parts "
-                       "are input_text, output_text and input_image", f"{where}.type")
+            left.refuse(_bad(f"'{where}.type' {clip(str(kind), 64)!r} is not supported: "
+                             "content parts are input_text, output_text and input_image",
+                             f"{where}.type"))
     if images:
         return chat_parts
     return "".join(p["text"] for p in chat_parts)
 
 
-def _image(part: dict[str, Any], role: str, where: str) -> dict[str, Any]:
+def _image(part: dict[str, Any], role: str, where: str, left: Ignored
+           ) -> dict[str, Any] | None:
     if role != "user":
         raise _bad(f"'{where}': images are accepted in user messages only", f"{where}.type")
     url = part.get("image_url")
     if url is None:
-        raise _bad(f"'{where}': an input_image needs image_url (a URL or a data URL); images "
-                   "by file_id are not supported", f"{where}.image_url")
+        left.refuse(_bad(f"'{where}': an input_image needs image_url (a URL or a data URL) "
+                         "when the backend speaks chat completions; images by file_id are "
+                         "not supported", f"{where}.image_url"))
+        return None
     if not isinstance(url, str) or not url:
         raise _bad(f"'{where}.image_url' must be a non-empty string", f"{where}.image_url")
     detail = part.get("detail", "auto")
@@ -298,6 +338,14 @@ def _function_call(item: dict[str, Any], param: str) -> dict[str, Any]:
     call_id = _string(item.get("call_id"), f"{param}.call_id")
     name = _string(item.get("name"), f"{param}.name")
     arguments = _string(item.get("arguments"), f"{param}.arguments")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _custom_call(item: dict[str, Any], param: str) -> dict[str, Any]:
+    """A custom tool's call: its free-form ``input`` as the arguments ``{"input": ...}``."""
+    call_id = _string(item.get("call_id"), f"{param}.call_id")
+    name = _string(item.get("name"), f"{param}.name")
+    arguments = _encode({"input": _string(item.get("input"), f"{param}.input")}).decode()
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
@@ -329,12 +377,20 @@ def _call_output(item: dict[str, Any], param: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "content": output}
 
 
-def _tool(tool: Any, param: str) -> dict[str, Any]:
+def _tool(tool: Any, param: str, left: Ignored, names: dict[str, bool]
+          ) -> dict[str, Any] | None:
+    """A function tool as a chat tool (None: another type, dropped); ``names`` gets its
+    name, and whether chat was offered it."""
     tool = _object(tool, param)
     kind = tool.get("type")
     if kind != "function":
-        raise _bad(f"'{param}.type' {clip(str(kind), 64)!r} is not supported: the gateway "
-                   "serves function tools only", f"{param}.type")
+        if not isinstance(kind, str):
+            raise _bad(f"'{param}.type' is required and must be a string", f"{param}.type")
+        name = tool.get("name")
+        if isinstance(name, str):
+            names[name] = False
+        left.drop(param)
+        return None
     name = tool.get("name")
     if not isinstance(name, str) or not name:
         raise _bad(f"'{param}.name' is required and must be a non-empty string", f"{param}.name")
@@ -348,26 +404,43 @@ def _tool(tool: Any, param: str) -> dict[str, Any]:
     strict = tool.get("strict")
     if strict is not None:
         function["strict"] = _boolean(strict, f"{param}.strict")
+    names[name] = True
     return {"type": "function", "function": function}
 
 
-def _tool_choice(choice: Any, names: set[str]) -> str | dict[str, Any]:
+def _tool_choice(choice: Any, names: dict[str, bool], left: Ignored
+                 ) -> str | dict[str, Any] | None:
+    """The chat ``tool_choice`` (None: it chose among dropped tools, so it is dropped too)."""
+    offered = any(names.values())
     if isinstance(choice, str):
-        return _one_of(choice, _TOOL_CHOICES, "tool_choice")
+        mode = _one_of(choice, _TOOL_CHOICES, "tool_choice")
+        if names and not offered:  # every tool was dropped: chat gets none to choose from
+            if mode == "required":
+                left.drop("tool_choice")
+            return None
+        return mode
     choice = _object(choice, "tool_choice")
-    if choice.get("type") != "function":
-        raise _bad(f"'tool_choice.type' {clip(str(choice.get('type')), 64)!r} is not supported: "
-                   "use auto, none, required or {\"type\": \"function\", \"name\": ...}",
-                   "tool_choice.type")
+    kind = choice.get("type")
+    if kind != "function":
+        if not isinstance(kind, str):
+            raise _bad("'tool_choice.type' must be a string", "tool_choice.type")
+        left.drop("tool_choice")  # a custom or hosted tool, or a subset (allowed_tools)
+        return None
     name = _string(choice.get("name"), "tool_choice.name")
-    if name not in names:
+    known = names.get(name)
+    if known is None:
         raise _bad(f"'tool_choice.name' {clip(name, 64)!r} is not one of the request's tools",
                    "tool_choice.name")
+    if not known:
+        left.drop("tool_choice")
+        return None
     return {"type": "function", "function": {"name": name}}
 
 
-def _check_echoed(payload: Mapping[str, Any]) -> None:
-    """Fields only echoed or ignored, checked so a bad one is a 400 rather than a bad echo."""
+def _check_echoed(payload: Mapping[str, Any], chat: dict[str, Any], left: Ignored) -> None:
+    """Fields honoured, echoed or dropped, checked so a bad one is a 400 rather than a bad
+    echo; those chat cannot honour are named (``include``, ``top_logprobs``, ``truncation:
+    auto``), and ``safety_identifier`` is chat's ``user`` when the request has none."""
     metadata = payload.get("metadata")
     if metadata is not None:
         metadata = _object(metadata, "metadata")
@@ -384,18 +457,26 @@ def _check_echoed(payload: Mapping[str, Any]) -> None:
                 "service_tier", "prompt_cache_retention"):
         if payload.get(key) is not None:
             _string(payload[key], key)
+    safety = payload.get("safety_identifier")
+    if safety is not None and "user" not in chat:
+        chat["user"] = safety
+    elif safety is not None:
+        left.drop("safety_identifier")
     truncation = payload.get("truncation")
-    if truncation is not None:
-        _one_of(truncation, _TRUNCATION, "truncation")
+    if truncation is not None and _one_of(truncation, _TRUNCATION, "truncation") == "auto":
+        left.drop("truncation")
     include = payload.get("include")
     if include is not None:
         for i, value in enumerate(_array(include, "include")):
-            if _string(value, f"include[{i}]") == _LOGPROBS_INCLUDE:
-                raise _bad(f"'include[{i}]': logprobs are not returned by the gateway",
-                           f"include[{i}]")
+            _string(value, f"include[{i}]")
+        if include:
+            left.drop("include")
     top_logprobs = payload.get("top_logprobs")
-    if top_logprobs not in (None, 0):
-        raise _bad("'top_logprobs': logprobs are not returned by the gateway", "top_logprobs")
+    if top_logprobs is not None:
+        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int):
+            raise _bad("'top_logprobs' must be an integer", "top_logprobs")
+        if top_logprobs:
+            left.drop("top_logprobs")
     max_calls = payload.get("max_tool_calls")
     if max_calls is not None and (isinstance(max_calls, bool) or not isinstance(max_calls, int)):
         raise _bad("'max_tool_calls' must be an integer", "max_tool_calls")
@@ -404,14 +485,18 @@ def _check_echoed(payload: Mapping[str, Any]) -> None:
             _object(payload[key], key)
 
 
-def _text(text: Any, chat: dict[str, Any]) -> None:
-    """``text.format`` -> ``response_format``; ``verbosity`` is only echoed."""
+def _text(text: Any, chat: dict[str, Any], left: Ignored) -> None:
+    """``text.format`` -> ``response_format``; ``verbosity`` is echoed and named."""
     if text is None:
         return
     text = _object(text, "text")
-    verbosity = text.get("verbosity")
-    if verbosity is not None:
-        _one_of(verbosity, _VERBOSITY, "text.verbosity")
+    for key, value in text.items():
+        if key == "verbosity":
+            if value is not None:
+                _one_of(value, _VERBOSITY, "text.verbosity")
+                left.drop("text.verbosity")
+        elif key != "format" and not _empty(value):
+            left.drop(f"text.{clip(str(key), 64)}")
     fmt = text.get("format")
     if fmt is None:
         return
@@ -440,108 +525,18 @@ def _text(text: Any, chat: dict[str, Any]) -> None:
     chat["response_format"] = {"type": "json_schema", "json_schema": schema}
 
 
-def _reasoning(reasoning: Any, chat: dict[str, Any]) -> None:
-    """``reasoning.effort`` -> ``reasoning_effort``; a summary is never produced (the gateway
-    returns the backend's reasoning text as a ``reasoning`` item instead), so ``summary`` is
-    only echoed."""
+def _reasoning(reasoning: Any, chat: dict[str, Any], left: Ignored) -> str | None:
+    """``reasoning.effort`` -> ``reasoning_effort`` (returns the field's name when set); a
+    summary is never produced (the gateway returns the backend's reasoning text as a
+    ``reasoning`` item instead), so ``summary`` is echoed and named."""
     if reasoning is None:
-        return
+        return None
     reasoning = _object(reasoning, "reasoning")
+    for key, value in reasoning.items():
+        if key != "effort" and value is not None:
+            left.drop(f"reasoning.{clip(str(key), 64)}")
     effort = reasoning.get("effort")
-    if effort is not None:
-        chat["reasoning_effort"] = _one_of(effort, REASONING_EFFORTS, "reasoning.effort")
-
-
-# -- the inverse, chat -> Responses ------------------------------------------------------------
-
-#: chat request fields ``to_responses`` translates
-_CHAT_FIELDS = frozenset({
-    "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "max_tokens",
-    "max_completion_tokens", "temperature", "top_p", "user", "metadata", "stream",
-    "stream_options", "store", "response_format", "reasoning_effort",
-})
-
-
-def to_responses(chat: Mapping[str, Any]) -> dict[str, Any]:
-    """A chat completions request as the Responses request ``to_chat`` maps back to it (the
-    common subset: a field outside it is an ``InvalidRequest`` naming it). A first system
-    message with text content becomes ``instructions`` (unless it is the only message: the
-    input may not be empty); assistant tool calls become
-    ``function_call`` items after the assistant's text, tool messages ``function_call_output``."""
-    for key in chat:
-        if key not in _CHAT_FIELDS:
-            raise _bad(f"'{clip(str(key), 64)}' has no Responses equivalent", str(key))
-    payload: dict[str, Any] = {"model": chat.get("model")}
-    messages = list(_array(chat.get("messages"), "messages"))
-    if len(messages) > 1 and messages[0].get("role") == "system" and isinstance(
-            messages[0].get("content"), str):
-        payload["instructions"] = messages.pop(0)["content"]
-    items: list[dict[str, Any]] = []
-    for i, message in enumerate(messages):
-        items.extend(_items_of(_object(message, f"messages[{i}]"), f"messages[{i}]"))
-    payload["input"] = items
-    tools = chat.get("tools")
-    if tools is not None:
-        payload["tools"] = [{"type": "function", **t["function"]} for t in tools]
-    choice = chat.get("tool_choice")
-    if choice is not None:
-        payload["tool_choice"] = (choice if isinstance(choice, str)
-                                  else {"type": "function", "name": choice["function"]["name"]})
-    limit = chat.get("max_completion_tokens", chat.get("max_tokens"))
-    if limit is not None:
-        payload["max_output_tokens"] = limit
-    for key in ("parallel_tool_calls", "temperature", "top_p", "user", "metadata", "store"):
-        if chat.get(key) is not None:
-            payload[key] = chat[key]
-    if chat.get("stream"):
-        payload["stream"] = True
-    fmt = chat.get("response_format")
-    if fmt is not None:
-        if fmt.get("type") == "json_schema":
-            payload["text"] = {"format": {"type": "json_schema", **fmt["json_schema"]}}
-        else:
-            payload["text"] = {"format": {"type": fmt.get("type")}}
-    effort = chat.get("reasoning_effort")
-    if effort is not None:
-        payload["reasoning"] = {"effort": effort}
-    return payload
-
-
-def _items_of(message: dict[str, Any], param: str) -> list[dict[str, Any]]:
-    role = message.get("role")
-    content = message.get("content")
-    if role == "tool":
-        return [{"type": "function_call_output", "call_id": message.get("tool_call_id"),
-                 "output": content if isinstance(content, str) else _joined(content)}]
-    if role not in ("user", "system", "developer", "assistant"):
-        raise _bad(f"'{param}.role' {clip(str(role), 64)!r} has no Responses equivalent",
-                   f"{param}.role")
-    items: list[dict[str, Any]] = []
-    if role == "assistant":
-        calls = message.get("tool_calls") or []
-        if content is not None or not calls:
-            text = content if isinstance(content, str) else _joined(content)
-            items.append({"type": "message", "role": "assistant", "content": [
-                {"type": "output_text", "text": text, "annotations": []}]})
-        items.extend({"type": "function_call", "call_id": call["id"],
-                      "name": call["function"]["name"],
-                      "arguments": call["function"]["arguments"]} for call in calls)
-        return items
-    if isinstance(content, str):
-        return [{"type": "message", "role": role, "content": content}]
-    parts: list[dict[str, Any]] = []
-    for part in _array(content, f"{param}.content"):
-        if part.get("type") == "image_url":
-            image = part["image_url"]
-            parts.append({"type": "input_image", "image_url": image["url"],
-                          "detail": image.get("detail", "auto")})
-        else:
-            parts.append({"type": "input_text", "text": part.get("text", "")})
-    return [{"type": "message", "role": role, "content": parts}]
-
-
-def _joined(content: Any) -> str:
-    """The text of chat content given as parts (None: empty)."""
-    if not isinstance(content, list):
-        return ""
-    return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    if effort is None:
+        return None
+    chat["reasoning_effort"] = _one_of(effort, REASONING_EFFORTS, "reasoning.effort")
+    return "reasoning.effort"
