@@ -20,12 +20,15 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	@touch $(STAMP)
 
 # redis-server and the PostgreSQL server for the quota and ledger tests (they start their own on
-# free ports); Debian keeps initdb off PATH, under /usr/lib/postgresql/<version>/bin
+# free ports); Debian keeps initdb off PATH, under /usr/lib/postgresql/<version>/bin; chromium and
+# its driver for the console's browser test (tests/console)
 system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
 	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 
 # llama.cpp's llama-server, the real engine of tests/engines and the benchmarks (loadtest/engines):
 # built once (~10-15 min on 2 cores) into $GATEWAY_ENGINE_CACHE, by default

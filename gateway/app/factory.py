@@ -36,6 +36,7 @@ from gateway.api.stored_responses import StoredResponsesHandler
 from gateway.api.usage import usage_handlers
 from gateway.app.state import METRICS_TOKEN_ENV, Gateway
 from gateway.config import PolicyError, load_policy
+from gateway.console import CONSOLE_PREFIX, console_edge
 from gateway.context import new_request_id
 from gateway.errors import (
     AuthenticationFailed,
@@ -313,6 +314,9 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
     # stored responses (Responses API): retrieve, delete, input items; dispatched by prefix,
     # since /v1/responses itself is a proxied route (no framework mount can sit on it)
     app.prefix_routes = ((STORED_PREFIX, StoredResponsesHandler(current, gateway.responses)),)
+    # the web console (off unless ``console.enabled``; a 404 like any unknown route then)
+    app.prefix_routes += ((CONSOLE_PREFIX, console_edge(current, gateway.ledger,
+                                                        gateway.ledger_caught_up)),)
     return app
 
 

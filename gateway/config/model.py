@@ -22,6 +22,7 @@ __all__ = [
     "CacheIsolation",
     "CallLimits",
     "ClientLimits",
+    "Console",
     "Engine",
     "Health",
     "Isolation",
@@ -939,6 +940,14 @@ class Auth(_Base, frozen=True):
     key_secret_env: str = "GATEWAY_KEY_SECRET"
 
 
+class Console(_Base, frozen=True):
+    """The web console served at ``/console`` (``gateway/console/``): off unless enabled."""
+
+    enabled: bool = False
+    #: minutes a console session lasts from its sign-in (then it must sign in again)
+    session_minutes: PositiveFloat = 30.0
+
+
 class Policy(_Base, frozen=True):
     """A whole policy: what the gateway serves and how."""
 
@@ -960,3 +969,5 @@ class Policy(_Base, frozen=True):
     batch: Batch = msgspec.field(default_factory=Batch)
     #: tenants kept apart in the engines' prompt caches
     isolation: Isolation = msgspec.field(default_factory=Isolation)
+    #: the web console at ``/console``
+    console: Console = msgspec.field(default_factory=Console)

@@ -1,0 +1,298 @@
+"""The console's pages, forms and JSON, as a small Litestar app of its own under ``/console``.
+
+- ``GET /console``: to the signed-in page, or to the sign-in form.
+- ``GET|POST /console/login``: a tenant signs in with an API key, the operator with the admin
+  token (``GATEWAY_ADMIN_TOKEN``), in a POST form (never in a URL). The form carries a
+  sign-in CSRF token matched against a short-lived SameSite=Strict cookie, so another site
+  cannot sign a browser into its own tenant.
+- ``POST /console/logout``: ends the session (its CSRF token required).
+- ``GET /console/tenants/{tenant}[?month=YYYY-MM]``: the month's usage per day and model, the
+  limits; ``.../export.csv``: the month's records. A tenant's session sees its own tenant
+  only (403 for any other); the operator's sees every tenant.
+- ``GET /console/operator`` and ``/console/operator/live.json``: the operator's pages.
+- ``GET /console/static/{name}``: the vendored chart library, the script and the style sheet,
+  cached for a year (their URLs carry a content hash).
+
+A session is server-side (:mod:`gateway.console.sessions`); its id is in an HttpOnly,
+SameSite=Strict cookie on ``/console`` (Secure when the request came over https). Every POST
+carries the session's CSRF token in a hidden field, compared in constant time; a tenant is
+always the session's, never a form's or a query's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import time
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+from litestar import Litestar, Request, Response, get, post
+from litestar.datastructures import Cookie
+from litestar.exceptions import HTTPException
+from litestar.response import Redirect, Stream
+
+from gateway.api.admin import ADMIN_TOKEN_ENV, is_admin_credential
+from gateway.console.live import pool_stats
+from gateway.console.sessions import Session, Sessions, new_token
+from gateway.console.views import (
+    MonthError,
+    limit_lines,
+    parse_month,
+    read_rows,
+    tenant_month,
+    tenant_spend,
+)
+from gateway.ledger.errors import LedgerUnavailable
+from gateway.ledger.export import stream_csv
+from gateway.ledger.window import today_window
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from gateway.ledger.sql.store import SqlLedger
+    from gateway.runtime import Runtime
+
+__all__ = ["COOKIE", "LOGIN_COOKIE", "console_app"]
+
+COOKIE = "gw_console"
+LOGIN_COOKIE = "gw_console_login"
+#: how long a sign-in form stays usable (seconds)
+LOGIN_FORM_SECONDS = 600
+#: the longest secret a sign-in form may carry
+_MAX_SECRET = 512
+_STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
+                 ".md": "text/plain; charset=utf-8"}
+_STATIC_CACHE = "public, max-age=31536000, immutable"
+_log = logging.getLogger("gateway.console")
+
+AnyRequest = Request[Any, Any, Any]
+
+
+def _static_files() -> dict[str, tuple[bytes, str]]:
+    """The static files, read once: name -> (content, media type)."""
+    files: dict[str, tuple[bytes, str]] = {}
+    for entry in resources.files("gateway.console").joinpath("static").iterdir():
+        suffix = "." + entry.name.rpartition(".")[2]
+        if entry.is_file() and suffix in _STATIC_TYPES:
+            files[entry.name] = (entry.read_bytes(), _STATIC_TYPES[suffix])
+    return files
+
+
+def _templates(static: dict[str, tuple[bytes, str]]) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("gateway.console", "templates"),
+        autoescape=True, undefined=jinja2.StrictUndefined,
+    )
+    versions = {name: hashlib.sha256(data).hexdigest()[:12] for name, (data, _) in static.items()}
+    env.globals["static"] = lambda name: f"/console/static/{name}?v={versions[name]}"
+    return env
+
+
+def _secure(request: AnyRequest) -> bool:
+    return request.url.scheme == "https"
+
+
+def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Sessions,
+                caught_up: Callable[[], Awaitable[None]] | None = None) -> Litestar:
+    """The console app over the policy in force, the ledger of record and a session store.
+    ``caught_up``: awaited before each usage read (the workers' buffered records flushed)."""
+    static = _static_files()
+    env = _templates(static)
+
+    def page(name: str, status: int = 200, **context: Any) -> Response[str]:
+        html = env.get_template(name).render(**context)
+        return Response(html, status_code=status, media_type="text/html; charset=utf-8")
+
+    def refuse(status: int, message: str, session: Session | None = None) -> Response[str]:
+        return page("error.html", status, message=message, session=session, code=status)
+
+    async def signed_in(request: AnyRequest) -> Session | None:
+        """The request's live session; a tenant's ends with its key (revoked, expired)."""
+        session_id = request.cookies.get(COOKIE)
+        session = await sessions.get(session_id)
+        if session is not None and session.key_id is not None \
+                and not await current().resolver.key_usable(session.key_id):
+            await sessions.delete(session_id)
+            return None
+        return session
+
+    async def catch_up() -> None:
+        if caught_up is not None:
+            await caught_up()
+
+    def home_of(session: Session) -> str:
+        if session.role == "operator":
+            return "/console/operator"
+        return f"/console/tenants/{session.tenant}"
+
+    @get("/console")
+    async def home(request: AnyRequest) -> Response[Any]:
+        session = await signed_in(request)
+        return Redirect(home_of(session) if session else "/console/login", status_code=303)
+
+    @get("/console/login")
+    async def login_form(request: AnyRequest) -> Response[str]:
+        token = new_token()
+        response = page("login.html", csrf=token, session=None, error=None,
+                        operator=_operator_enabled())
+        response.set_cookie(Cookie(key=LOGIN_COOKIE, value=token, path="/console/login",
+                                   max_age=LOGIN_FORM_SECONDS, httponly=True,
+                                   secure=_secure(request), samesite="strict"))
+        return response
+
+    @post("/console/login", status_code=303)
+    async def login(request: AnyRequest) -> Response[Any]:
+        form = await request.form()
+        sent, expected = str(form.get("csrf", "")), request.cookies.get(LOGIN_COOKIE, "")
+        if not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
+            return refuse(403, "This sign-in form has expired: open the sign-in page again.")
+        role, secret = str(form.get("role", "")), str(form.get("secret", "")).strip()
+        minutes = current().policy.console.session_minutes
+        if role == "operator" and 0 < len(secret) <= _MAX_SECRET \
+                and is_admin_credential(f"Bearer {secret}".encode()):
+            session_id, session = await sessions.create("operator", minutes)
+            _log.info("console: operator signed in")
+        elif role == "tenant" and 0 < len(secret) <= _MAX_SECRET \
+                and (identity := await current().resolver.identify(secret)) is not None:
+            session_id, session = await sessions.create(
+                "tenant", minutes, tenant=identity.tenant, key_id=identity.key_id,
+                key_limits=identity.limits)
+            _log.info("console: tenant %s signed in (key %s)", identity.tenant,
+                      identity.key_id)
+        else:
+            what = "admin token" if role == "operator" else "API key"
+            return page("login.html", 401, csrf=expected, session=None,
+                        error=f"That {what} was not accepted.", operator=_operator_enabled())
+        await sessions.delete(request.cookies.get(COOKIE))  # never two at once
+        response = Redirect(home_of(session), status_code=303)
+        response.set_cookie(Cookie(key=COOKIE, value=session_id, path="/console",
+                                   max_age=max(1, int(minutes * 60)), httponly=True,
+                                   secure=_secure(request), samesite="strict"))
+        response.delete_cookie(LOGIN_COOKIE, path="/console/login")
+        return response
+
+    @post("/console/logout", status_code=303)
+    async def logout(request: AnyRequest) -> Response[Any]:
+        session = await signed_in(request)
+        form = await request.form()
+        if session is None or not hmac.compare_digest(str(form.get("csrf", "")).encode(),
+                                                      session.csrf.encode()):
+            return refuse(403, "Refused: this form did not come from your console session.")
+        await sessions.delete(request.cookies.get(COOKIE))
+        _log.info("console: %s signed out", session.tenant or session.role)
+        response = Redirect("/console/login", status_code=303)
+        response.delete_cookie(COOKIE, path="/console")
+        return response
+
+    async def tenant_session(request: AnyRequest, tenant: str) -> Session | Response[Any]:
+        session = await signed_in(request)
+        if session is None:
+            return Redirect("/console/login", status_code=303)
+        if session.role != "operator" and session.tenant != tenant:
+            _log.warning("console: tenant %s refused the page of tenant %s", session.tenant,
+                         tenant[:128])
+            return refuse(403, "This page belongs to another tenant.", session)
+        return session
+
+    @get("/console/tenants/{tenant:str}")
+    async def tenant_page(request: AnyRequest, tenant: str) -> Response[Any]:
+        session = await tenant_session(request, tenant)
+        if not isinstance(session, Session):
+            return session
+        try:
+            month = parse_month(request.query_params.get("month"))
+        except MonthError as exc:
+            return refuse(400, str(exc), session)
+        runtime = current()
+        await catch_up()
+        rows = await read_rows(ledger, tenant, month.lo, month.hi, ("day", "model"))
+        this_month = parse_month(None)
+        today = today_window()
+        month_total = await read_rows(ledger, tenant, this_month.lo, this_month.hi, ())
+        today_total = await read_rows(ledger, tenant, today.lo, today.hi, ())
+        return page(
+            "tenant.html", session=session,
+            view=tenant_month(tenant, month, rows, runtime.policy.prices.currency),
+            limits=limit_lines(runtime, tenant, today_total[0] if today_total else None,
+                               month_total[0] if month_total else None,
+                               session.key_limits),
+        )
+
+    @get("/console/tenants/{tenant:str}/export.csv")
+    async def tenant_export(request: AnyRequest, tenant: str) -> Response[Any]:
+        session = await tenant_session(request, tenant)
+        if not isinstance(session, Session):
+            return session
+        try:
+            month = parse_month(request.query_params.get("month"))
+        except MonthError as exc:
+            return refuse(400, str(exc), session)
+        await catch_up()
+        return Stream(stream_csv(ledger.export(month.lo, month.hi, tenant)),
+                      media_type="text/csv; charset=utf-8", headers={
+                          "content-disposition":
+                          f'attachment; filename="usage-{month.label}.csv"'})
+
+    @get("/console/operator")
+    async def operator_page(request: AnyRequest) -> Response[Any]:
+        session = await signed_in(request)
+        if session is None:
+            return Redirect("/console/login", status_code=303)
+        if session.role != "operator":
+            return refuse(403, "The operator's page needs the admin token.", session)
+        try:
+            month = parse_month(request.query_params.get("month"))
+        except MonthError as exc:
+            return refuse(400, str(exc), session)
+        runtime = current()
+        await catch_up()
+        rows = await read_rows(ledger, None, month.lo, month.hi, ("tenant",))
+        return page("operator.html", session=session, month=month,
+                    currency=runtime.policy.prices.currency,
+                    tenants=tenant_spend(runtime.tenants, rows),
+                    pools=pool_stats(runtime.router, time.monotonic()))
+
+    @get("/console/operator/live.json")
+    async def operator_live(request: AnyRequest) -> Response[Any]:
+        session = await signed_in(request)
+        if session is None or session.role != "operator":
+            status = 401 if session is None else 403
+            return Response({"error": "operator session required"}, status_code=status)
+        return Response({"pools": pool_stats(current().router, time.monotonic()),
+                         "at": int(time.time() * 1000)})
+
+    @get("/console/static/{name:str}")
+    async def static_file(name: str) -> Response[bytes]:
+        found = static.get(name)
+        if found is None:
+            return Response(b"not found", status_code=404, media_type="text/plain")
+        return Response(found[0], media_type=found[1], headers={"cache-control": _STATIC_CACHE})
+
+    def on_http_error(request: AnyRequest, exc: HTTPException) -> Response[str]:
+        return refuse(exc.status_code, str(exc.detail))
+
+    def on_ledger_error(request: AnyRequest, exc: LedgerUnavailable) -> Response[str]:
+        return refuse(503, "The usage database is not answering; try again shortly.")
+
+    def on_unexpected(request: AnyRequest, exc: Exception) -> Response[str]:
+        _log.error("console: unexpected error on %s %s", request.method, request.url.path,
+                   exc_info=exc)
+        return refuse(500, "Something went wrong in the console.")
+
+    return Litestar(
+        route_handlers=[home, login_form, login, logout, tenant_page, tenant_export,
+                        operator_page, operator_live, static_file],
+        exception_handlers={HTTPException: on_http_error, LedgerUnavailable: on_ledger_error,
+                            Exception: on_unexpected},
+        request_max_body_size=16 * 1024,
+        openapi_config=None, debug=False, logging_config=None,
+    )
+
+
+def _operator_enabled() -> bool:
+    """Whether the operator can sign in at all (``GATEWAY_ADMIN_TOKEN`` set)."""
+    return bool(os.environ.get(ADMIN_TOKEN_ENV))
