@@ -195,7 +195,11 @@ def _check_head(resp: aiohttp.ClientResponse, limits: ResponseLimits) -> None:
 
 
 class AiohttpUpstream:
-    """The process's HTTP client for backends (``server.upstream_client: aiohttp``)."""
+    """The process's HTTP client for backends (``server.upstream_client: aiohttp``).
+
+    ``keepalive_per_backend`` is taken for the native client's signature: aiohttp's connector
+    keeps every idle connection it is given back (no per-host cap, ``limit_per_host=0``), and
+    the router bounds the connections in use per backend (``max_in_flight``)."""
 
     def __init__(
         self,
@@ -204,7 +208,6 @@ class AiohttpUpstream:
         limits: ResponseLimits = DEFAULT_LIMITS,
     ) -> None:
         self._timeouts = timeouts
-        self._keepalive = keepalive_per_backend
         self._limits = limits
         self._client_timeout = aiohttp.ClientTimeout(
             total=None, connect=None, sock_connect=timeouts.connect, sock_read=timeouts.idle

@@ -175,10 +175,6 @@ class Spool:
     def close(self) -> None:
         self.rotate()
 
-    @property
-    def active_bytes(self) -> int:
-        return self._size
-
     def new_segment_path(self, suffix: str = "") -> Path:
         """A fresh segment name of this spool (``suffix`` tells where it came from)."""
         tail = f"-{suffix}" if suffix else ""

@@ -34,9 +34,6 @@ class RolloutStore(Protocol):
         """Write ``state`` if the stored one is still at revision ``expected`` (None: no state
         stored); False when another writer came first."""
 
-    async def drop(self, model: str) -> None:
-        """Forget the model's rollout (its version is no longer progressive)."""
-
     async def publish(self, model: str, epoch: int, replica: str, window: dict[str, Any],
                       ttl: float) -> None:
         """This replica's counts of the model's window ``epoch`` (replacing its last ones)."""

@@ -54,10 +54,6 @@ class MemoryRolloutStore:
         await self._write()
         return True
 
-    async def drop(self, model: str) -> None:
-        if self._states.pop(model, None) is not None:
-            await self._write()
-
     async def publish(self, model: str, epoch: int, replica: str, window: dict[str, Any],
                       ttl: float) -> None:
         for key in [k for k in self._windows if k[0] == model and k[1] != epoch]:

@@ -95,9 +95,6 @@ class RedisRolloutStore:
             -1 if expected is None else expected, json.dumps(state.to_json()))
         return bool(done)
 
-    async def drop(self, model: str) -> None:
-        await self._call("DEL", f"{_key(model)}:state")
-
     async def publish(self, model: str, epoch: int, replica: str, window: dict[str, Any],
                       ttl: float) -> None:
         key = f"{_key(model)}:w:{epoch}"

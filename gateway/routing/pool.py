@@ -176,9 +176,6 @@ class PoolState:
             healthy = self.backends
         return sum(b.config.max_in_flight for b in healthy)
 
-    def has_healthy(self, now: float) -> bool:
-        return self.capacity(now) > 0
-
     def ttft_p90(self) -> float | None:
         if not self._ttfts:
             return None

@@ -76,5 +76,3 @@ class ShadowStats:
     by_status: dict[int, int] = field(default_factory=dict)
     errors: int = 0
     in_flight: int = 0
-    latencies: list[float] = field(default_factory=list)
-    output_bytes: int = 0

@@ -248,7 +248,7 @@ class Mirror:
             response = await self.upstream.post(backend.urls[endpoint], body, send_headers)
             try:
                 reader.status = response.status
-                stats.output_bytes += await reader.read(response)
+                await reader.read(response)
             finally:
                 response.close()
             status = response.status
@@ -258,8 +258,6 @@ class Mirror:
             reader.error = type(exc).__name__
         finally:
             stats.in_flight -= 1
-            stats.latencies.append((time.perf_counter_ns() - started_ns) / 1e9)
-            del stats.latencies[:-1000]
             release(backend)
             self.metrics.shadow(status)
             if pairing is not None:
