@@ -90,6 +90,10 @@ class RequestContext:
     #: a stream's provisional records written so far (``Ledger.provisional``), let go once
     #: its final record is stored
     provisional: list[Any] | None = None
+    #: a stream broken after its first byte went on on another backend (``continuation``)
+    continued: bool = False
+    #: the continuations' prompt tokens (the prompt plus the text already sent, each time)
+    continuation_prompt: int = 0
     batch_id: str | None = None  # set for the lines of a batch job (tags the usage record)
     client_request_id: str | None = None  # the client's correlation id, never used as a key
 

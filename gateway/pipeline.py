@@ -72,6 +72,7 @@ from gateway.request.parse import ENDPOINTS, parse_request
 from gateway.routing.classes import UnknownClass, resolve_class
 from gateway.routing.conversation import SESSION_HEADER
 from gateway.upstream.cache_isolation import isolate_body
+from gateway.upstream.continuation import Continuer
 from gateway.upstream.forward import forward, release
 from gateway.upstream.outbound import outbound_headers
 from gateway.upstream.relay import relay_response
@@ -396,11 +397,23 @@ class Pipeline:
                     ctx.provisional.append(record)
 
             keeps = _keeps_provisional(runtime, services.ledger)
+            # a stream broken after its first byte may go on on another backend
+            continuer = _continuer(forwarded, scanner, plan, endpoint.api, rewriter,
+                                   router=router, upstream=services.upstream, route=route,
+                                   ctx=ctx, path=path, body=body, headers=headers,
+                                   timeouts=runtime.timeouts[ctx.request_class or ""],
+                                   count_text=counter.count_text,
+                                   prompt_tokens=lambda: _prompt_tokens(admitted, counter,
+                                                                        parsed),
+                                   span=span, metrics=services.metrics)
             try:
                 await relay_response(forwarded, ctx, send, answer, scanner, finish,
-                                     services.metrics, progress if keeps else None)
+                                     services.metrics, progress if keeps else None,
+                                     continuer.resume if continuer is not None else None)
             finally:
-                release(forwarded, ctx)
+                current = continuer.forwarded if continuer is not None else forwarded
+                if current is not None:  # a continuation's failed ones are released
+                    release(current, ctx)
                 if made and ctx.provisional:  # the final record stands for them once stored
                     services.ledger.supersede(made[0], ctx.provisional)
                 if made and not ctx.delivered:  # its last bytes did not reach the client
@@ -666,6 +679,18 @@ def _upstream_body(parsed: ParsedRequest, body: bytes, upstream_model: str, api:
     scanner = (RenamingScanner(rewriter, strip_usage=not wants_usage) if parsed.stream
                else None)
     return body, scanner, rewriter
+
+
+def _continuer(forwarded: Forwarded, scanner: Scanner | None, plan: Upstream | None, api: str,
+               rewriter: AnswerRewriter | None, **args: Any) -> Continuer | None:
+    """The stream's continuation on another backend, when its pool's ``continuation`` is on
+    and the stream is chat going upstream (a chat stream, or one translated to chat)."""
+    settings = forwarded.pool.config.continuation
+    if (not settings.enabled or scanner is None or forwarded.first_chunk is None
+            or (api != "chat" if plan is None else plan.native)):
+        return None
+    fresh = rewriter.fresh if rewriter is not None else lambda: AnswerRewriter(None)
+    return Continuer(settings, forwarded, scanner=scanner, rewriter=fresh, **args)
 
 
 #: the id prefix of each API's answers (OpenAI's); embeddings answers carry no id

@@ -233,6 +233,12 @@ class StreamScanner:
     def error_event(self, error: GatewayError) -> bytes:
         return chat_error_event(error)
 
+    @property
+    def partial_sent(self) -> bool:
+        """Whether the client was handed part of an event whose end never came (the stream
+        broke inside one): only when forwarding as received (not stripping)."""
+        return not self._strip and (bool(self._tail) or self._skipping)
+
     def delivered_text(self) -> str:
         """Everything generated that was sent: content of all choices, reasoning, tool calls."""
         content = "".join("".join(self._text[i]) for i in sorted(self._text))

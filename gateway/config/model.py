@@ -23,6 +23,7 @@ __all__ = [
     "CallLimits",
     "ClientLimits",
     "Console",
+    "Continuation",
     "Engine",
     "Health",
     "Isolation",
@@ -231,6 +232,20 @@ class Isolation(_Base, frozen=True):
     cache_salt_secret_env: str = "GATEWAY_CACHE_SALT_SECRET"
 
 
+class Continuation(_Base, frozen=True):
+    """A stream whose backend fails after its first byte continues on another backend of the
+    pool (``gateway/upstream/continuation.py``): the client's stream goes on where it broke.
+    Turn it on only for a pool whose backends serve the same weights: the continuation is
+    another engine's completion of the text already sent."""
+
+    enabled: bool = False
+    #: continuations of one stream, at most (each on a backend not tried before)
+    max_attempts: Annotated[int, msgspec.Meta(ge=1, le=8)] = 1
+    #: a stream that broke after more output tokens than this is not continued (the
+    #: continuation's prompt holds them all): the error event ends it, as without continuation
+    max_output_tokens: PositiveInt = 4096
+
+
 class Pool(_Base, frozen=True):
     """A set of backends serving one request class."""
 
@@ -298,6 +313,8 @@ class Pool(_Base, frozen=True):
     cache_isolation: CacheIsolation | None = None
     #: the inference server of its backends that set none (see :data:`Engine`)
     engine: Engine | None = None
+    #: a stream broken after its first byte continues on another backend (off by default)
+    continuation: Continuation = msgspec.field(default_factory=Continuation)
 
     def __post_init__(self) -> None:
         if self.prefix is not None and self.strategy != "prefix":

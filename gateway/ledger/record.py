@@ -116,6 +116,12 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     delivered: bool | None = None
     #: output tokens of the answer handed to the client (of ``output``)
     sent_output: int = 0
+    #: a stream broken after its first byte that went on on another backend
+    #: (``pools[].continuation``); its ``output`` is still what the client received
+    continued: bool = False
+    #: the continuations' prompt tokens (the prompt plus the text already sent): the
+    #: operator's cost of continuing, not billed to the tenant (not in ``cost_micros``)
+    continuation_prompt: int = 0
 
     @property
     def day(self) -> str:
@@ -245,4 +251,6 @@ def make_record(
         estimate_reason=u.estimate_reason if u else None,
         delivered=context.delivered,
         sent_output=(u.output if u else 0) if context.delivered or context.stream else 0,
+        continued=context.continued,
+        continuation_prompt=context.continuation_prompt,
     )

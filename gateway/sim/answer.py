@@ -97,6 +97,7 @@ def decide(
     stream: bool = False,
     max_len: int | None = None,
     param: str = "max_tokens",
+    skip: int = 0,
 ) -> Plan:
     """The plan of an answer: text seeded by ``key`` and ``seed``, or a call to ``tool``.
 
@@ -104,7 +105,9 @@ def decide(
     ``default_limit`` tokens). ``max_len``: the most prompt plus output tokens the engine
     holds (``Profile.max_model_len``): a request whose prompt and limit exceed it is refused
     (400 naming ``param``, the request's limit field) before a word is generated, as vLLM
-    refuses it, rather than after building an answer the engine then refuses.
+    refuses it, rather than after building an answer the engine then refuses. ``skip``: the
+    answer continues one whose first ``skip`` tokens were already given (a final assistant
+    message to continue): its words are those after them, and ``limit`` counts from there.
     """
     n = default_limit if limit is None else limit
     if max_len is not None:
@@ -114,7 +117,9 @@ def decide(
         call = make_call(tool, call_id, _UNLIMITED if limit is None else limit, encoding)
         finish = "tool_calls" if call.complete else "length"
         return Plan(api, model, prompt_tokens, [], call, finish, stream)
-    words, matched = generate(request_seed(key, seed), n, stops)
+    total = default_limit if limit is None else limit + skip
+    words, matched = generate(request_seed(key, seed), total, stops)
+    words = words[skip:]
     finish = "length" if matched is None and limit is not None else "stop"
     return Plan(api, model, prompt_tokens, words, None, finish, stream, stop_sequence=matched)
 

@@ -73,6 +73,19 @@ def _prompt(body: dict[str, Any], chat: bool, encoding: str) -> tuple[list[int],
     raise BadRequest("prompt must be a string, a list of strings or token arrays", param="prompt")
 
 
+def _continued(body: dict[str, Any]) -> str | None:
+    """The assistant text a chat request asks to continue (vLLM's ``continue_final_message``,
+    or ``add_generation_prompt: false``, with a final assistant message), else None."""
+    if body.get("continue_final_message") is not True and \
+            body.get("add_generation_prompt") is not False:
+        return None
+    last = body["messages"][-1] if body["messages"] else None
+    if last is None or last.get("role") != "assistant" or \
+            not isinstance(last.get("content"), str):
+        return None
+    return str(last["content"])
+
+
 def _tools(body: dict[str, Any]) -> list[ToolSpec]:
     """The function tools a chat request offers (other tool types are never called)."""
     tools = body.get("tools")
@@ -135,7 +148,13 @@ def parse_completion(
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise BadRequest("seed must be an integer", param="seed")
     tool = None
-    if chat:
+    skip = 0
+    if chat and (prefix := _continued(body)) is not None:
+        # the text the answer continues: the same words as the answer to the conversation
+        # without it (its seed), from the first word after it (one token a word)
+        key = prompt_key(body["messages"][:-1])
+        skip = len(get_encoding(cfg.encoding).encode_ordinary(prefix))
+    elif chat:
         messages = body["messages"]
         forced, none = _choice(body)
         last_role = messages[-1].get("role") if messages else None
@@ -162,6 +181,7 @@ def parse_completion(
         max_len=cfg.profile.max_model_len,
         param="max_completion_tokens" if body.get("max_completion_tokens") is not None
         else "max_tokens",
+        skip=skip,
     )
     plan.token_ids = token_ids
     plan.read_cache_fields(body)

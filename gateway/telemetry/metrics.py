@@ -287,6 +287,11 @@ class Metrics:
         self.client_stalls = Counter("gateway_client_stalls", "Responses cut off because the "
                                      "client read nothing for timeouts.client_stall (backend "
                                      "connection closed, slot released).", ["pool"], registry=r)
+        self.continuations = Counter(
+            "gateway_stream_continuations", "Streams broken after their first byte, by pool "
+            "and what followed: continued (on another backend), refused (continuation off, "
+            "past its bounds, or a stream it cannot continue), failed (no backend took it).",
+            ["pool", "outcome"], registry=r)
         self.quota_rejections = Counter("gateway_quota_rejections",
                                         "Requests refused by a quota limit.",
                                         ["limit", *tenant], registry=r)
@@ -571,6 +576,12 @@ class Metrics:
         """A response was cut off: its client stopped reading (``timeouts.client_stall``)."""
         if self.enabled:
             self.client_stalls.labels(pool).inc()
+
+    def stream_continuation(self, pool: str, outcome: str) -> None:
+        """A stream broke after its first byte: ``continued``, ``refused`` or ``failed``
+        (``pools[].continuation``)."""
+        if self.enabled:
+            self.continuations.labels(pool, outcome).inc()
 
     def usage_rejected(self, pool: str, backend: str, reason: str) -> None:
         """A backend's answer carried usage the gateway did not believe (``reason``: the kind,

@@ -93,15 +93,22 @@ async def forward(
     timeouts: Timeouts,
     span: RequestSpan = NOOP_SPAN,
     metrics: Metrics | None = None,
+    max_attempts: int | None = None,
 ) -> Forwarded:
-    """Attempt until a backend answers; raises the last failure as a GatewayError."""
+    """Attempt until a backend answers; raises the last failure as a GatewayError.
+
+    ``max_attempts``: attempts of this call (default: ``retry.max_attempts`` for the request);
+    a stream's continuation (``continuation.py``) gives its own bound, its first attempt is
+    made at once, and ``route.tried`` keeps it off the backends tried before."""
     retry = router.policy.routing.retry
     router.budget.on_request()
     pool = route.pool
     fallbacks_used = {pool.name}
     last: GatewayError | None = None
-    while ctx.attempts < retry.max_attempts:
-        if ctx.attempts:
+    first = ctx.attempts if max_attempts is not None else 0
+    limit = retry.max_attempts if max_attempts is None else first + max_attempts
+    while ctx.attempts < limit:
+        if ctx.attempts > first:
             if not router.budget.try_retry():
                 ctx.retry_budget_exhausted = True
                 break
@@ -306,14 +313,16 @@ def _retry_after(headers: RawHeaders, cap: float) -> float | None:
     return None
 
 
-def release(forwarded: Forwarded, ctx: RequestContext) -> None:
-    """The answer is over: close it, feed its outcome and latencies to the backend's health
-    and averages, and give the backend's slot back to its pool."""
+def release(forwarded: Forwarded, ctx: RequestContext, outcome: str | None = None) -> None:
+    """The answer is over: close it, feed its outcome (``ctx.outcome`` unless given: a stream
+    continued elsewhere releases its failed backend while the request goes on) and latencies
+    to the backend's health and averages, and give the backend's slot back to its pool."""
     forwarded.response.close()
     backend = forwarded.backend
-    if ctx.outcome == "completed":
+    outcome = ctx.outcome if outcome is None else outcome
+    if outcome == "completed":
         backend.on_success()
-    elif ctx.outcome == "failed":
+    elif outcome == "failed":
         backend.on_failure(forwarded.pool.config.health, time.monotonic())
     if forwarded.first_chunk_ns is not None:
         ttft = (forwarded.first_chunk_ns - forwarded.sent_ns) / 1e9

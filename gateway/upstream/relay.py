@@ -2,7 +2,9 @@
 
 A stream is relayed as the bytes arrive (no re-framing, no buffering), so the client sees each
 token when the backend sends it. Once the first byte has gone out nothing can be retried; a
-stream that breaks later ends with an SSE error event and a clean close.
+stream that breaks later ends with an SSE error event and a clean close, unless ``resume``
+(the pipeline's stream continuation, ``continuation.py``) gives the rest of the answer from
+another backend: its bytes then go on into the same stream, through the same scanner.
 
 The request's total deadline (``timeouts.total``, from the attempt that answered) bounds the
 relay too: a client that stops reading would otherwise hold the stream, the backend connection
@@ -51,7 +53,7 @@ from gateway.upstream.forward import log_error_body, scrub
 from gateway.upstream.translate import as_gateway_error
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
     from gateway.accounting import Scanner
     from gateway.context import RequestContext
@@ -179,11 +181,14 @@ async def relay_response(
     finish: Callable[[], Awaitable[None]] | None = None,
     metrics: Metrics | None = None,
     progress: Callable[[int], None] | None = None,
+    resume: Callable[[UpstreamError], Awaitable[AsyncIterator[bytes] | None]] | None = None,
 ) -> None:
     """Send the backend's answer to the client; raises GatewayError before the first byte only.
 
     ``progress``: called with the chunks relayed so far once a stream's first chunk went out
     and every ``PROGRESS_EVERY`` chunks after (the pipeline's provisional record).
+    ``resume``: a stream broken after its first byte goes on with what it returns (None: the
+    error event ends it).
 
     Returns with the response unfinished when the total deadline passes or the client stops
     reading for ``client_stall`` (the server closes the connection); the caller closes
@@ -198,7 +203,8 @@ async def relay_response(
     guarded = _Guarded(send, forwarded.deadline, forwarded.client_stall)
     try:
         if response.is_stream and status < 400:
-            await _relay_stream(forwarded, ctx, guarded, extra, scanner, finish, progress)
+            await _relay_stream(forwarded, ctx, guarded, extra, scanner, finish, progress,
+                                resume)
         else:
             await _relay_whole(forwarded, ctx, guarded, extra, finish)
     except _Expired:
@@ -261,6 +267,7 @@ async def _relay_stream(
     scanner: Scanner | None,
     finish: Callable[[], Awaitable[None]] | None,
     progress: Callable[[int], None] | None = None,
+    resume: Callable[[UpstreamError], Awaitable[AsyncIterator[bytes] | None]] | None = None,
 ) -> None:
     response = forwarded.response
     held = b""  # the [DONE] event and what follows it: sent after ``finish``
@@ -276,20 +283,30 @@ async def _relay_stream(
             chunks = 1
             if progress is not None:
                 progress(1)
-        async for chunk in response.chunks():
-            if ctx.first_token_ns is None:
-                ctx.first_token_ns = time.perf_counter_ns()
-            chunks += 1
-            out = scanner.feed(chunk) if scanner is not None else chunk
-            if finish is not None and (held or (at := out.find(_DONE)) >= 0):
-                if held:
-                    held += out
-                    continue
-                out, held = out[:at], out[at:]
-            if out:
-                await send({"type": "http.response.body", "body": out, "more_body": True})
-            if progress is not None and (chunks == 1 or not chunks % PROGRESS_EVERY):
-                progress(chunks)
+        source: AsyncIterator[bytes] | None = response.chunks()
+        while source is not None:
+            try:
+                async for chunk in source:
+                    if ctx.first_token_ns is None:
+                        ctx.first_token_ns = time.perf_counter_ns()
+                    chunks += 1
+                    out = scanner.feed(chunk) if scanner is not None else chunk
+                    if finish is not None and (held or (at := out.find(_DONE)) >= 0):
+                        if held:
+                            held += out
+                            continue
+                        out, held = out[:at], out[at:]
+                    if out:
+                        await send({"type": "http.response.body", "body": out,
+                                    "more_body": True})
+                    if progress is not None and (chunks == 1 or not chunks % PROGRESS_EVERY):
+                        progress(chunks)
+                source = None
+            except UpstreamError as exc:
+                # broken after the first byte: the rest from another backend, or the error
+                source = await resume(exc) if resume is not None and not held else None
+                if source is None:
+                    raise
         if scanner is not None and (tail := scanner.flush()):
             if held:
                 held += tail

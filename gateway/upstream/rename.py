@@ -187,6 +187,16 @@ class AnswerRewriter:
         """The id the client sees."""
         return self._new_id
 
+    @property
+    def public(self) -> str | None:
+        """The model name the client sees (None: names are left alone)."""
+        return self._public
+
+    def fresh(self) -> AnswerRewriter:
+        """A rewriter to the same public name and id that has learnt nothing yet: for another
+        engine's answer in the same stream (a continuation, ``continuation.py``)."""
+        return AnswerRewriter(self._public, self._new_id, self._sent)
+
     def _learn(self, data: bytes) -> None:
         """Learn the engine's id and model from the JSON object ``data``."""
         self._learnt = True

@@ -49,6 +49,9 @@ migrated it: upgrade this one).
 9. ``usage_records.delivered`` and ``sent_output``: whether the whole answer reached the
    client's connection, and the output tokens handed to it (NULL and 0 for the records
    written before it).
+10. ``usage_records.continued`` and ``continuation_prompt``: whether a stream broken after its
+   first byte went on on another backend, and the prompt tokens of its continuations (false
+   and 0 for the records written before it).
 """
 
 from __future__ import annotations
@@ -315,6 +318,13 @@ MIGRATIONS: tuple[Migration, ...] = (
               "ALTER TABLE usage_records ADD COLUMN sent_output integer NOT NULL DEFAULT 0;\n",
               "ALTER TABLE usage_records ADD COLUMN delivered INTEGER;\n"
               "ALTER TABLE usage_records ADD COLUMN sent_output INTEGER NOT NULL DEFAULT 0;\n"),
+    Migration(10, "streams continued on another backend",
+              "ALTER TABLE usage_records ADD COLUMN continued boolean NOT NULL DEFAULT false;\n"
+              "ALTER TABLE usage_records ADD COLUMN continuation_prompt integer NOT NULL "
+              "DEFAULT 0;\n",
+              "ALTER TABLE usage_records ADD COLUMN continued INTEGER NOT NULL DEFAULT 0;\n"
+              "ALTER TABLE usage_records ADD COLUMN continuation_prompt INTEGER NOT NULL "
+              "DEFAULT 0;\n"),
 )
 
 #: the schema version this gateway reads and writes

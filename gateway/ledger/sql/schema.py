@@ -54,7 +54,7 @@ RECORD_COLUMNS: tuple[str, ...] = (
     "output", "reasoning", "prompt_total", "estimated", "ttft_ms", "tpot_ms", "duration_ms",
     "cost_micros", "cost_system", "cost_history", "cost_new", "cost_tools", "cost_output",
     "cost_reasoning", "cost_cached", "cost_cache_write", "currency", "api", "estimate_reason",
-    "delivered", "sent_output",
+    "delivered", "sent_output", "continued", "continuation_prompt",
 )
 
 #: the largest value of PostgreSQL's ``integer`` (the token, attempts and status columns)
@@ -132,6 +132,7 @@ def record_row(record: UsageRecord) -> tuple[Any, ...]:
         r.tpot_ms, r.duration_ms, r.cost_micros, r.cost_system, r.cost_history, r.cost_new,
         r.cost_tools, r.cost_output, r.cost_reasoning, r.cost_cached, r.cost_cache_write,
         r.currency, r.api, r.estimate_reason, r.delivered, min(max(r.sent_output, 0), INTEGER_MAX),
+        r.continued, min(max(r.continuation_prompt, 0), INTEGER_MAX),
     )
 
 

@@ -472,12 +472,14 @@ _TS = RECORD_COLUMNS.index("ts_ms")
 _REQUEST_ID = RECORD_COLUMNS.index("request_id")
 _ESTIMATED = RECORD_COLUMNS.index("estimated")
 _DELIVERED = RECORD_COLUMNS.index("delivered")
+_CONTINUED = RECORD_COLUMNS.index("continued")
 
 
 def _record_of(row: Sequence[Any]) -> UsageRecord:
     """A ``RECORD_COLUMNS`` row as a record (SQLite keeps ``estimated`` as 0/1)."""
     values = dict(zip(RECORD_COLUMNS, row, strict=True))
     values["estimated"] = bool(row[_ESTIMATED])
+    values["continued"] = bool(row[_CONTINUED])
     if row[_DELIVERED] is not None:
         values["delivered"] = bool(row[_DELIVERED])
     return UsageRecord(**values)
