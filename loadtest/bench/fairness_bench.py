@@ -1,7 +1,7 @@
 """Noisy-neighbour benchmark: two tenants share an interactive pool; one floods it.
 
 ``python -m loadtest.bench.fairness_bench [--duration 30] [--engines 2] [--speedup 0.25]
-[--scenarios b-alone,fair,...]``
+[--scenarios b-alone,fair,...] [--engine sim|llamacpp]``
 
 Against the same simulated interactive engines (``gateway sim``, one gateway process in front,
 each backend's ``max_in_flight`` at the engine's running-batch size, so the queue is the
@@ -45,6 +45,16 @@ the gateway holds no backend slot (``gateway_inflight`` back to 0: a lost slot w
 the pool for good).
 Prints a markdown table and writes JSON to ``loadtest/results/fairness.json``. Talks to the
 gateway over HTTP only.
+
+``--engine llamacpp`` runs it on ``--engines`` llama-servers instead
+(:mod:`loadtest.bench.engine_fleet`: the tiny random llama at ``-t 1``, ``--engine-slots``
+slots, default 32 as the ``interactive`` profile's running batch, so that, as with the
+simulators, the gateway's ``max_in_flight`` plus ``fair_headroom`` never fills the engine and
+the queue stays the gateway's; each slot holds the prompt and the longest output). The pool gets
+``engine: llamacpp`` and keeps the default cache isolation, so the gateway sends ``cache_prompt:
+false``: no prompt is reused, as the simulators run ``--no-prefix-caching``. ``--speedup``
+applies to the simulators only; ``--sim-profile tiny-llamacpp --speedup 1`` runs the simulators
+calibrated against that engine (``--engine-slots``, when given, sets their running batch too).
 """
 
 from __future__ import annotations
@@ -71,6 +81,13 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest.bench.engine_fleet import (
+    EngineSpec,
+    add_engine_arguments,
+    ctx_per_slot,
+    pool_engine_keys,
+    start_fleet,
+)
 from loadtest.bench.routing_bench import _free_port, _wait, pct
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -306,7 +323,10 @@ def queue_waits(url: str) -> dict[str, dict[str, float]]:
 
 def policy(backends: list[str], slots: int, fair: bool, deadline: float,
            headroom: int = 1, prefill_aware: bool = True, stagger: bool = True,
-           linger: float | None = None) -> dict[str, Any]:
+           linger: float | None = None, engine_keys: dict[str, Any] | None = None
+           ) -> dict[str, Any]:
+    """The pool of ``backends``; ``engine_keys`` (:func:`pool_engine_keys`) go on it."""
+
     def sha(key: str) -> str:
         return hashlib.sha256(key.encode()).hexdigest()
 
@@ -321,6 +341,7 @@ def policy(backends: list[str], slots: int, fair: bool, deadline: float,
                    "fair_headroom": headroom, "prefill_aware": prefill_aware,
                    "fair_stagger": stagger,
                    **({} if linger is None else {"fair_linger": linger}),
+                   **(engine_keys or {}),
                    "backends": [{"name": f"sim-{i}", "url": u, "max_in_flight": slots}
                                 for i, u in enumerate(backends)]}],
         "models": [{"name": "chat", "pool": "shared", "backend_model": "sim-model"}],
@@ -389,7 +410,22 @@ def by_own_company(spans: list[tuple[float, float | None, float]]) -> dict[str, 
             "sent_with_own_ttft_p99_ms": pct(company, 0.99) * 1000}
 
 
-def main(argv: list[str] | None = None) -> int:
+def engine_specs(args: argparse.Namespace) -> list[EngineSpec]:
+    """One spec per engine: the ``interactive`` simulator as before (``--sim-profile`` and
+    ``--engine-slots`` replace its profile and running batch), or llama-server with
+    ``--engine-slots`` slots (default 32) of the prompt plus the longest output each."""
+    longest = args.prompt + round(args.output * (1 + max(0.0, args.output_spread)))
+    return [EngineSpec(profile="interactive",
+                       sim_args=("--speedup", str(args.speedup), "--seed", str(args.seed),
+                                 # prompts are one word repeated: with prefix caching every
+                                 # one would be a hit
+                                 "--no-prefix-caching"),
+                       slots=args.engine_slots or 32, ctx_per_slot=ctx_per_slot(longest),
+                       sim_slots=args.engine_slots)
+            for _ in range(args.engines)]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench.fairness_bench",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -402,13 +438,19 @@ def main(argv: list[str] | None = None) -> int:
                    "the queue is the gateway's, not the engine's (16)")
     p.add_argument("--speedup", type=float, default=0.25,
                    help="engine time scale (0.25: modelled times x4, so fewer requests/s load "
-                   "the 2-core box for the same queueing)")
+                   "the 2-core box for the same queueing); simulators only")
+    p.add_argument("--engine-slots", type=int, default=None,
+                   help="each engine's running batch: llama-server -np (default 32, the "
+                   "interactive profile's), and the simulators' --slots when given")
     p.add_argument("--prompt", type=int, default=256, help="prompt tokens (256)")
     p.add_argument("--output", type=int, default=64, help="mean output tokens (64)")
     p.add_argument("--output-spread", type=float, default=0.75,
                    help="each request's output tokens uniform in mean x [1 - s, 1 + s], seeded "
                    "(0.75); 0: every request the same length (a saturated pool then frees its "
                    "slots in lockstep waves)")
+    p.add_argument("--capacity", type=float, default=None,
+                   help="the pool's capacity in requests/s, instead of measuring it: the "
+                   "rates (and so the arrivals) of another run, e.g. one on the other engine")
     p.add_argument("--b-share", type=float, default=0.15,
                    help="B's rate as a share of the measured capacity (0.15: well inside its "
                    "fair share of 0.5)")
@@ -428,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                    "times B's first chunks)")
     p.add_argument("--seed", type=int, default=18)
     p.add_argument("--out", type=Path, default=ROOT / "loadtest/results/fairness.json")
+    add_engine_arguments(p)
     args = p.parse_args(argv)
     chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = sorted(s for s in set(chosen) - set(SCENARIOS) if _headroom_of(s) is None)
@@ -436,28 +479,30 @@ def main(argv: list[str] | None = None) -> int:
     for needed in ("b-alone", "fair"):
         if needed not in chosen:
             chosen.insert(0 if needed == "b-alone" else 1, needed)
+    args.chosen = chosen
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    chosen = args.chosen
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "GATEWAY_ACCESS_LOG": "off",
            "GATEWAY_METRICS_TOKEN": METRICS_TOKEN}
     tmp = Path(tempfile.mkdtemp(prefix="fairness-bench-"))
     load_before = os.getloadavg()
-    sims: list[subprocess.Popen[bytes]] = []
     rows: list[dict[str, Any]] = []
+    fleet = start_fleet(engine_specs(args), args, env, tmp, _wait)
+    keys = pool_engine_keys(args)
     try:
-        urls = []
-        for _ in range(args.engines):
-            port = _free_port()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway", "sim", "--profile", "interactive", "--port",
-                 str(port), "--speedup", str(args.speedup), "--seed", str(args.seed),
-                 "--queue-limit", "100000",
-                 # prompts are one word repeated: with prefix caching every one would be a hit
-                 "--no-prefix-caching"], env=env)
-            sims.append(proc)
-            urls.append(f"http://127.0.0.1:{port}")
-            _wait(urls[-1] + "/health", proc)
-        with Gateway(tmp, "calibrate", policy(urls, args.slots, True, args.deadline), env) as gw:
-            capacity = asyncio.run(closed_loop(gw.url, 2 * args.slots * args.engines,
-                                               args.calibrate, 3.0, args.prompt, args.output))
+        urls = list(fleet.urls)
+        if args.capacity:  # given: the same rates as another run (another engine's)
+            capacity = args.capacity
+        else:
+            with Gateway(tmp, "calibrate", policy(urls, args.slots, True, args.deadline,
+                                                  engine_keys=keys), env) as gw:
+                capacity = asyncio.run(closed_loop(gw.url, 2 * args.slots * args.engines,
+                                                   args.calibrate, 3.0, args.prompt,
+                                                   args.output))
         rate_b = args.b_share * capacity
         rate_a = args.a_factor * capacity / 2
         print(f"[fairness-bench] capacity {capacity:.1f} req/s; B {rate_b:.1f} req/s, "
@@ -480,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
                 every[name] if h is None else (True, h, True, True, None, both))
             time.sleep(2)  # the engines drain between scenarios
             data = policy(urls, args.slots, fair, args.deadline, headroom, aware, stagger,
-                          linger)
+                          linger, keys)
             with Gateway(tmp, name, data, env) as gw:
                 print(f"[fairness-bench] {name}", file=sys.stderr, flush=True)
                 res, probes = split_loop(gw.url, plan, args.duration, args.prompt,
@@ -498,9 +543,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows[-1]["headroom_dispatches"] = started  # the pool's, not the tenant's
                 rows[-1]["slots_held_after"] = held  # the pool's: 0 unless a slot leaked
     finally:
-        for proc in sims:
-            proc.terminate()
-            proc.wait(10)
+        fleet.stop()
     load_after = os.getloadavg()
     report = summarise(rows, capacity, args)
     print(report)
@@ -509,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         "capacity_rps": capacity, "rate_a_rps": rate_a, "rate_b_rps": rate_b, "rows": rows,
         "loadavg_before": load_before, "loadavg_after": load_after,
         "args": {k: str(v) for k, v in vars(args).items()}}, indent=2))
+    print(f"{args.engines} engines: " + "; ".join(fleet.describe()))
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (1 min)")
     return 0
 

@@ -1,6 +1,7 @@
 """Prefix routing benchmark: multi-turn chat on 4 simulated engines with prefix caching.
 
-``python -m loadtest.bench.prefix_bench [--duration 15] [--rounds 2] [--rate 2] [--trace PATH]``
+``python -m loadtest.bench.prefix_bench [--duration 15] [--rounds 2] [--rate 2] [--trace PATH]
+[--engines 4] [--engine sim|llamacpp]``
 
 One run compares four routing policies in front of the same four ``interactive`` simulators
 (``gateway sim``, automatic prefix caching on) under the same offered load (the same arrival
@@ -38,6 +39,20 @@ sampled every 0.2 s, time-averaged per engine, max / mean over the four (and the
 sample's max / mean, noisier at low load). Prints a markdown table with the issue's targets
 (prefix against least_loaded: >= 40% fewer prefilled tokens, >= 30% lower TTFT p50, imbalance
 <= 1.25x) and writes JSON to ``loadtest/results/prefix.json``.
+
+``--engine llamacpp`` runs the same on ``--engines`` llama-servers instead
+(:mod:`loadtest.bench.engine_fleet`: the tiny random llama at ``-t 1``, ``-np --slots``, 32 by
+default as the ``interactive`` profile's running batch, each slot's context the longest
+conversation of the plan; llama.cpp's own prompt cache on, its RAM cache capped at 1 GiB). Its
+pool gets ``engine: llamacpp`` and ``cache_isolation: shared`` (one tenant: the gateway would
+otherwise send ``cache_prompt: false``). Prefilled and cached tokens come from ``llamacpp:
+prompt_tokens_total`` (which excludes cached tokens) and
+``llamacpp:prompt_tokens_cached_total``; load from ``llamacpp:requests_processing`` +
+``requests_deferred``. llama.cpp has no TTFT histogram: its "engine TTFT" is the answers' own
+``timings.prompt_ms`` (the prefill, without the time a request waited for a slot), p50 / mean.
+``--sim-profile tiny-llamacpp`` runs the simulators calibrated against that engine (``--slots``
+then sets their running batch too). On a 2-core box use ``--engines 2`` and a smaller workload
+(README: "Benchmarks on llama.cpp").
 """
 
 from __future__ import annotations
@@ -64,6 +79,16 @@ from typing import Any
 import aiohttp
 import yaml
 
+from loadtest.bench.engine_fleet import (
+    EngineSpec,
+    Fleet,
+    add_engine_arguments,
+    ctx_per_slot,
+    load,
+    pool_engine_keys,
+    prompt_counters,
+    start_fleet,
+)
 from loadtest.bench.routing_bench import _free_port, _wait, pct
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,12 +148,17 @@ class Results:
     late: int = 0
     requests: int = 0
     samples: list[list[float]] = field(default_factory=list)  # per sample: load per engine
+    prefill_ms: list[float] = field(default_factory=list)  # llama.cpp's timings.prompt_ms
 
 
 async def stream_chat(session: aiohttp.ClientSession, url: str, messages: list[dict[str, str]],
-                      max_tokens: int) -> float | None:
-    """One streamed chat completion; its TTFT in seconds, or raises."""
-    body = {"model": "chat", "stream": True, "max_tokens": max_tokens, "messages": messages}
+                      max_tokens: int, timings: list[float] | None = None) -> float | None:
+    """One streamed chat completion; its TTFT in seconds, or raises. With ``timings`` (a
+    llama.cpp backend), the answer's usage is asked for and its ``timings.prompt_ms`` kept."""
+    body: dict[str, Any] = {"model": "chat", "stream": True, "max_tokens": max_tokens,
+                            "messages": messages}
+    if timings is not None:
+        body["stream_options"] = {"include_usage": True}
     t0 = time.perf_counter()
     ttft = None
     async with session.post(url + "/v1/chat/completions", json=body,
@@ -139,43 +169,62 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, messages: list[d
             if ttft is None and line.startswith(b"data: {") and b'"content":"' in line \
                     and b'"content":""' not in line:
                 ttft = time.perf_counter() - t0
+            elif timings is not None and b'"timings":{' in line and line.startswith(b"data: {"):
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    timings.append(float(json.loads(line[6:])["timings"]["prompt_ms"]))
     return ttft
 
 
 async def sample_load(session: aiohttp.ClientSession, sims: list[str], res: Results,
-                      stop: asyncio.Event) -> None:
+                      stop: asyncio.Event, engine: str = "sim") -> None:
     while not stop.is_set():
         row = []
         for url in sims:
-            async with session.get(url + "/sim/stats") as r:
-                s = await r.json()
-            row.append(float(s["running"] + s["waiting"]))
+            row.append(await load(session, url, engine))
         res.samples.append(row)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.2)
 
 
-async def run_load(url: str, sims: list[str], turns: list[Turn], slots: int, seed: int,
-                   system_tokens: int, systems: int, salt: str) -> Results:
-    res = Results()
+def conversation_plan(turns: list[Turn], slots: int, seed: int, systems: int
+                      ) -> list[tuple[Turn, Conversation, int]]:
+    """Each turn's conversation and tag, drawn in arrival order: every scenario sends the
+    same (a round's seed decides)."""
     rng = random.Random(seed)
     conversations: dict[int, Conversation] = {}
+    plan: list[tuple[Turn, Conversation, int]] = []
+    for turn in turns:
+        slot = turn.slot % slots
+        convo = conversations.get(slot)
+        if convo is None or convo.turns == 0:
+            convo = Conversation(rng.randrange(systems), rng.randint(3, 10))
+            conversations[slot] = convo
+        convo.turns -= 1
+        plan.append((turn, convo, rng.getrandbits(32)))
+    return plan
+
+
+def longest_conversation(plan: list[tuple[Turn, Conversation, int]], system_tokens: int) -> int:
+    """The most tokens one conversation of the plan holds: its system prompt, every turn's
+    user message and answer (each with ~16 tokens of framing and tag), the last answer."""
+    total: dict[int, int] = {}
+    for turn, convo, _ in plan:
+        total[id(convo)] = total.get(id(convo), system_tokens + 32) + turn.user_tokens \
+            + turn.output_tokens + 32
+    return max(total.values(), default=system_tokens + 32)
+
+
+async def run_load(url: str, sims: list[str], turns: list[Turn], slots: int, seed: int,
+                   system_tokens: int, systems: int, salt: str, engine: str = "sim") -> Results:
+    res = Results()
     conn = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=300)
+    timings = res.prefill_ms if engine == "llamacpp" else None
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
         stop = asyncio.Event()
-        sampler = asyncio.create_task(sample_load(session, sims, res, stop))
+        sampler = asyncio.create_task(sample_load(session, sims, res, stop, engine))
         start = time.perf_counter()
-        # the conversation plan is drawn in arrival order, so every scenario sends the same
-        plan: list[tuple[Turn, Conversation, int]] = []
-        for turn in turns:
-            slot = turn.slot % slots
-            convo = conversations.get(slot)
-            if convo is None or convo.turns == 0:
-                convo = Conversation(rng.randrange(systems), rng.randint(3, 10))
-                conversations[slot] = convo
-            convo.turns -= 1
-            plan.append((turn, convo, rng.getrandbits(32)))
+        plan = conversation_plan(turns, slots, seed, systems)
 
         async def one(turn: Turn, convo: Conversation, tag: int, prev: asyncio.Event | None,
                       done: asyncio.Event) -> None:
@@ -195,7 +244,7 @@ async def run_load(url: str, sims: list[str], turns: list[Turn], slots: int, see
                 res.requests += 1
                 try:
                     ttft = await stream_chat(session, url, list(convo.messages),
-                                             turn.output_tokens)
+                                             turn.output_tokens, timings)
                     if ttft is not None:
                         res.ttft.append(ttft)
                 except Exception:
@@ -232,7 +281,9 @@ def warm_up(url: str, n: int) -> None:
             r.read()
 
 
-def scrape(url: str) -> dict[str, float]:
+def scrape(url: str, engine: str = "sim") -> dict[str, float]:
+    if engine == "llamacpp":
+        return prompt_counters(url, engine)
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
@@ -251,10 +302,14 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
-def policy(scenario: str, sims: list[str], bounded_load: float) -> dict[str, Any]:
+def policy(scenario: str, sims: list[str], bounded_load: float,
+           engine_keys: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The scenario's policy; ``engine_keys`` go on the pool (:func:`pool_engine_keys`:
+    ``engine: llamacpp`` and ``cache_isolation: shared`` for llama.cpp)."""
     sha = hashlib.sha256(KEY.encode()).hexdigest()
     pool: dict[str, Any] = {
         "name": "chat", "class": "interactive", "queue_size": 100000,
+        **(engine_keys or {}),
         "backends": [{"name": f"sim-{i}", "url": u, "max_in_flight": 64}
                      for i, u in enumerate(sims)],
     }
@@ -306,37 +361,53 @@ def imbalance(samples: list[list[float]]) -> tuple[float, float]:
 
 @dataclass
 class Setup:
-    """The four simulators, shared by every scenario, and a gateway per scenario."""
+    """The engines (``--engines``), shared by every scenario, and a gateway per scenario."""
 
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     sims: list[str] = field(default_factory=list)
     gateways: dict[str, str] = field(default_factory=dict)
+    fleet: Fleet | None = None
+
+
+def engine_specs(args: argparse.Namespace, turns: list[Turn]) -> list[EngineSpec]:
+    """One spec per engine: the ``interactive`` simulator (``--speedup``; ``--sim-profile``
+    and ``--slots`` replace its profile and running batch, and with ``--sim-profile`` its KV
+    cache is the llama-server's ``-c``), or llama-server with ``--slots`` slots (default 32,
+    the interactive profile's batch), each slot holding the longest conversation of any
+    round's plan."""
+    longest = max(longest_conversation(
+        conversation_plan(turns, args.conversations, args.seed + r, args.systems),
+        args.system_tokens) for r in range(max(1, args.rounds)))
+    slots = args.slots or 32
+    per_slot = ctx_per_slot(longest, margin=128)
+    sim_args: tuple[str, ...] = ("--speedup", str(args.speedup))
+    if args.sim_profile:  # the KV cache (and so the prefix cache) of the llama-server it models
+        sim_args += ("--kv-tokens", str(slots * per_slot))
+    return [EngineSpec(profile="interactive", sim_args=sim_args, slots=slots,
+                       ctx_per_slot=per_slot, sim_slots=args.slots)
+            for _ in range(args.engines)]
 
 
 def start(scenarios: list[str], args: argparse.Namespace, tmp: Path,
-          env: dict[str, str]) -> Setup:
-    """Start the simulators and one gateway per scenario, all at once; wait until all answer.
+          env: dict[str, str], turns: list[Turn] | None = None) -> Setup:
+    """Start the engines and one gateway per scenario, all at once; wait until all answer.
 
     The engines are shared: a run's prompts carry its scenario and round (``salt``), so no run
     hits blocks an earlier one cached, and those blocks, evictable, give way as LRU would."""
     setup = Setup()
-    for _ in range(4):
-        port = _free_port()
-        setup.procs.append(subprocess.Popen(
-            [sys.executable, "-m", "gateway", "sim", "--profile", "interactive", "--port",
-             str(port), "--queue-limit", "100000", "--speedup", str(args.speedup)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        setup.sims.append(f"http://127.0.0.1:{port}")
+    setup.fleet = start_fleet(engine_specs(args, turns or []), args, env, tmp,
+                              lambda url, proc: _wait(url, proc, timeout=240))
+    setup.sims = list(setup.fleet.urls)
+    keys = pool_engine_keys(args, shared_cache=True)
     for scenario in scenarios:
         cfg = tmp / f"{scenario}.yaml"
-        cfg.write_text(yaml.safe_dump(policy(scenario, setup.sims, args.bounded_load)))
+        cfg.write_text(yaml.safe_dump(policy(scenario, setup.sims, args.bounded_load, keys)))
         port = _free_port()
         setup.procs.append(subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port",
              str(port)], env=env, stdout=subprocess.DEVNULL))
         setup.gateways[scenario] = f"http://127.0.0.1:{port}"
-    urls = [u + "/health" for u in setup.sims] + [u + "/healthz"
-                                                  for u in setup.gateways.values()]
+    urls = [u + "/healthz" for u in setup.gateways.values()]
     for url, proc in zip(urls, setup.procs, strict=True):
         _wait(url, proc, timeout=240)
     for url in setup.gateways.values():
@@ -353,6 +424,8 @@ def stop(setup: Setup) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    if setup.fleet is not None:
+        setup.fleet.stop()
 
 
 def summarize(scenario: str, runs: list[tuple[Results, list[dict[str, float]],
@@ -366,6 +439,7 @@ def summarize(scenario: str, runs: list[tuple[Results, list[dict[str, float]],
 
     ttft = [t for res, *_ in runs for t in res.ttft]
     samples = [row for res, *_ in runs for row in res.samples]
+    prefill_ms = [t for res, *_ in runs for t in res.prefill_ms]
     prompt = total("vllm:prompt_tokens_total")
     hits = total("vllm:prefix_cache_hits_total")
     queries = total("vllm:prefix_cache_queries_total")
@@ -373,6 +447,10 @@ def summarize(scenario: str, runs: list[tuple[Results, list[dict[str, float]],
     engine_ttft = total("vllm:time_to_first_token_seconds_sum") / max(
         1.0, total("vllm:time_to_first_token_seconds_count"))
     buckets = {k: total(k) for k in runs[0][2][0] if k.startswith("ttft_le:")} if runs else {}
+    engine_p50 = histogram_p50(buckets)
+    if prefill_ms:  # llama.cpp: no TTFT histogram; the answers' prefill times instead
+        engine_p50 = pct(prefill_ms, 0.5) / 1000
+        engine_ttft = sum(prefill_ms) / len(prefill_ms) / 1000
     return {
         "scenario": scenario,
         "rounds": len(runs),
@@ -386,10 +464,10 @@ def summarize(scenario: str, runs: list[tuple[Results, list[dict[str, float]],
         "ttft_p50_ms": pct(ttft, 0.5) * 1000,
         "ttft_p99_ms": pct(ttft, 0.99) * 1000,
         "engine_ttft_mean_ms": engine_ttft * 1000,
-        "engine_ttft_p50_ms": histogram_p50(buckets) * 1000,
+        "engine_ttft_p50_ms": engine_p50 * 1000,
         "imbalance": avg_imb,
         "imbalance_per_sample": sample_imb,
-        "mean_in_flight": (sum(map(sum, samples)) / len(samples) / 4
+        "mean_in_flight": (sum(map(sum, samples)) / len(samples) / len(samples[0])
                            if samples else float("nan")),
     }
 
@@ -400,25 +478,27 @@ def run_all(scenarios: list[str], args: argparse.Namespace, turns: list[Turn], t
     so that a change in the box's other load falls on all of them alike."""
     setup = Setup()
     runs: dict[str, list[Any]] = {s: [] for s in scenarios}
+    engine = args.engine
     try:
-        setup = start(scenarios, args, tmp, env)
+        setup = start(scenarios, args, tmp, env, turns)
         for r in range(args.rounds):
             for scenario in scenarios if r % 2 == 0 else scenarios[::-1]:
                 print(f"[prefix-bench] round {r + 1}: {scenario}, {len(turns)} requests over "
                       f"{args.duration:.0f}s", file=sys.stderr, flush=True)
-                before = [scrape(u) for u in setup.sims]
+                before = [scrape(u, engine) for u in setup.sims]
                 t0 = time.perf_counter()
                 res = asyncio.run(run_load(
                     setup.gateways[scenario], setup.sims, turns, args.conversations,
-                    args.seed + r, args.system_tokens, args.systems, f"{scenario}/{r}"))
+                    args.seed + r, args.system_tokens, args.systems, f"{scenario}/{r}", engine))
                 elapsed = time.perf_counter() - t0
-                runs[scenario].append((res, before, [scrape(u) for u in setup.sims], elapsed))
+                runs[scenario].append((res, before, [scrape(u, engine) for u in setup.sims],
+                                       elapsed))
     finally:
         stop(setup)
     return [summarize(s, runs[s]) for s in scenarios]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench.prefix_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Azure conversation trace")
@@ -437,13 +517,26 @@ def main(argv: list[str] | None = None) -> int:
                    help="a turn's new user tokens as a share of the row's ContextTokens (1)")
     p.add_argument("--max-output", type=int, default=256, help="output tokens cap (256)")
     p.add_argument("--bounded-load", type=float, default=1.25, help="affinity and prefix (1.25)")
-    p.add_argument("--speedup", type=float, default=1.0, help="simulators' --speedup (1)")
+    p.add_argument("--speedup", type=float, default=1.0,
+                   help="simulators' --speedup (1; not used with --engine llamacpp)")
+    p.add_argument("--engines", type=int, default=4, help="engines behind the pool (4)")
+    p.add_argument("--slots", type=int, default=None,
+                   help="each engine's running batch: llama-server -np (default 32, the "
+                   "interactive profile's), and the simulators' --slots when given")
     p.add_argument("--seed", type=int, default=18)
     p.add_argument("--rounds", type=int, default=2,
                    help="runs of every scenario, in alternating order (2)")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--out", type=Path, default=ROOT / "loadtest/results/prefix.json")
+    add_engine_arguments(p)
     args = p.parse_args(argv)
+    if args.engines < 1:
+        p.error("--engines: at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if not args.trace.exists():
         print(f"trace not found: {args.trace}", file=sys.stderr)
         return 2
@@ -454,9 +547,11 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     rows = run_all(args.scenarios.split(","), args, turns, tmp, env)
     load_after = os.getloadavg()
+    what = (f"{args.engines} llama-servers" if args.engine == "llamacpp" else
+            f"{args.engines} simulators ({args.sim_profile or 'interactive'})")
     print(f"\n{len(turns)} requests over {args.duration:.0f} s (trace x{args.rate:g}), "
-          f"{args.conversations} conversation slots, load average {load_before[0]:.1f} -> "
-          f"{load_after[0]:.1f}\n")
+          f"{args.conversations} conversation slots, {what}, load average "
+          f"{load_before[0]:.1f} -> {load_after[0]:.1f}\n")
     print("| routing | prefilled tokens | cache hit rate | TTFT p50 ms | TTFT p99 ms | "
           "engine TTFT p50 / mean ms | imbalance (max/mean, time-avg) | per sample | "
           "mean in-flight | late | errors |")
