@@ -36,6 +36,12 @@ system-deps:
 llama-server: | $(BIN)/python
 	@PYTHON=$(BIN)/python bash deploy/engines/build-llama-server.sh
 
+# the coding agents of tests/agents (Claude Code, Codex CLI, opencode, aider), each at a pinned
+# version, into $GATEWAY_AGENTS_CACHE (~/.cache/llm-gateway/agents, ~1.9 GB, ~1-2 min), outside
+# the tree; a no-op once there (tests/agents installs them itself under CI)
+agents:
+	@PYTHON=$(PY) bash deploy/agents/install-agents.sh >/dev/null
+
 demo: $(STAMP)
 	$(BIN)/gateway demo
 

@@ -125,6 +125,7 @@ def _start_sim(profile: str, port: int) -> subprocess.Popen[bytes]:
             str(port),
             "--model",
             "sim-model",
+            "--natural-length",  # answers end by themselves, as an agent expects
         ],
         preexec_fn=lambda: _die_with_parent(parent),  # safe: no threads run yet
         process_group=0,  # its own group: stopped as a whole, not by the terminal's Ctrl-C

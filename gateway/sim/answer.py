@@ -98,6 +98,7 @@ def decide(
     max_len: int | None = None,
     param: str = "max_tokens",
     skip: int = 0,
+    natural: bool = False,
 ) -> Plan:
     """The plan of an answer: text seeded by ``key`` and ``seed``, or a call to ``tool``.
 
@@ -108,10 +109,13 @@ def decide(
     refuses it, rather than after building an answer the engine then refuses. ``skip``: the
     answer continues one whose first ``skip`` tokens were already given (a final assistant
     message to continue): its words are those after them, and ``limit`` counts from there.
+    ``natural``: a text answer whose limit is above ``default_limit`` ends by itself there.
     """
     n = default_limit if limit is None else limit
     if max_len is not None:
         _check_fits(prompt_tokens, limit if tool is not None else n, max_len, param)
+    if natural and tool is None and limit is not None and limit > default_limit:
+        limit = None  # it fits the context; its answer ends by itself
     if tool is not None:
         # Without a limit a call is never cut: a model ends its call, not at a default length.
         call = make_call(tool, call_id, _UNLIMITED if limit is None else limit, encoding)

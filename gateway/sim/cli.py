@@ -44,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="output tokens when a request sets no max_tokens (default 64)",
     )
     srv.add_argument(
+        "--natural-length",
+        action="store_true",
+        help="a text answer ends by itself after --default-max-tokens when the request's "
+        "max_tokens allows more (default: it is exactly max_tokens long)",
+    )
+    srv.add_argument(
         "--encoding",
         choices=["o200k_base", "cl100k_base"],
         help="tiktoken encoding for prompt token counts (default o200k_base)",
@@ -130,6 +136,7 @@ _SETTINGS = (
     "models",
     "strict_models",
     "default_max_tokens",
+    "natural_length",
     "encoding",
     "seed",
     "prompt_cache_entries",

@@ -173,6 +173,7 @@ def parse_completion(
         seed=seed,
         limit=_max_tokens(body),
         default_limit=cfg.default_max_tokens,
+        natural=cfg.natural_length,
         stops=_stop(body),
         tool=tool,
         call_id=new_id("call", "_"),

@@ -29,6 +29,11 @@ class SimConfig:
     jitter: float = 0.05
     seed: int | None = None
     default_max_tokens: int = 64
+    #: a text answer ends by itself (finish ``stop``) after ``default_max_tokens`` when the
+    #: request's limit allows more, as a chat model's answer rarely fills its limit (the demo
+    #: sets it: an agent takes an answer cut at its limit for an error); off: a text answer is
+    #: exactly the request's limit long, which tests of exact counts rely on
+    natural_length: bool = False
     #: tiktoken encoding for prompt counts.
     encoding: str = "o200k_base"
     embedding_dim: int = 256

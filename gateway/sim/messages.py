@@ -287,7 +287,10 @@ def parse_message(
     limit = _max_tokens(body)
     stops = _stops(body)
     forced, none = _choice(body.get("tool_choice"))
-    specs = [ToolSpec(t["name"], t["input_schema"]) for t in request.tools]
+    # a deferred tool (``defer_loading``: tool search) is not in the model's context: never
+    # the one called
+    specs = [ToolSpec(t["name"], t["input_schema"]) for t in request.tools
+             if t.get("defer_loading") is not True]
     tool = pick_tool(
         specs, forced, none=none, after_result=request.after_result, param="tool_choice"
     )
@@ -302,6 +305,7 @@ def parse_message(
         seed=None,
         limit=limit,
         default_limit=cfg.default_max_tokens,
+        natural=cfg.natural_length,
         stops=stops,
         tool=tool,
         call_id=new_id("toolu", "_"),

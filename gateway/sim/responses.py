@@ -246,6 +246,7 @@ def parse_response(
         seed=None,
         limit=_limit(body),
         default_limit=cfg.default_max_tokens,
+        natural=cfg.natural_length,
         tool=tool,
         call_id=new_id("call", "_"),
         encoding=cfg.encoding,

@@ -269,6 +269,17 @@ def test_custom_tool_types_are_chat_functions() -> None:
     assert translated.ignored == ()
 
 
+def test_a_deferred_tool_is_not_offered_to_chat() -> None:
+    """A ``defer_loading`` tool is loaded only by Anthropic's tool search, which chat has not:
+    offered as a function, a chat model would call it (Claude Code's placeholder)."""
+    translated = MESSAGES.translate(message(tools=[
+        {"name": "DeferredToolPlaceholder", "defer_loading": True,
+         "input_schema": {"type": "object"}}, TOOL]))
+    assert translated.chat["tools"] == [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object"}}}]
+    assert translated.ignored == ("tools[0]",)
+
+
 def test_a_tool_choice_naming_a_dropped_tool_is_dropped_too() -> None:
     translated = MESSAGES.translate(message(
         tools=[TOOL, {"type": "web_search_20250305", "name": "web_search"}],

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.sim.answer import decide
 from gateway.sim.server import SimServer
 from gateway.tokenizers import count_chat_prompt
 
@@ -117,3 +118,30 @@ def test_responses_read_custom_tool_calls(server: SimServer) -> None:
                    "input": "*** Begin Patch\n*** End Patch\n"},
                   {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done"}]})
     assert answer["output"][0]["type"] == "message"
+
+
+def test_natural_length_ends_an_answer_below_a_large_limit() -> None:
+    """``natural_length`` (the demo's simulators): a text answer allowed more than the default
+    length ends by itself there (``stop``); one allowed less is cut at its limit as before."""
+    common = {"api": "chat", "model": "m", "prompt_tokens": 5, "key": b"k", "seed": 1,
+              "default_limit": 16}
+    long = decide(limit=32000, natural=True, **common)  # type: ignore[arg-type]
+    assert (len(long.words), long.finish) == (16, "stop")
+    short = decide(limit=8, natural=True, **common)  # type: ignore[arg-type]
+    assert (len(short.words), short.finish) == (8, "length")
+    exact = decide(limit=32000, **common)  # type: ignore[arg-type]
+    assert (len(exact.words), exact.finish) == (32000, "length")
+
+
+def test_a_deferred_tool_is_never_the_one_called(server: SimServer) -> None:
+    """Claude Code's tool search sends a ``defer_loading`` placeholder first: a model never
+    calls a tool not loaded into its context."""
+    tools = [{"name": "DeferredToolPlaceholder", "defer_loading": True,
+              "input_schema": {"type": "object"}},
+             {"name": "Bash", "input_schema": {"type": "object",
+                                               "properties": {"command": {"type": "string"}}}}]
+    body = {"model": "sim-model", "max_tokens": 64, "tools": tools,
+            "messages": [{"role": "user", "content": "list files"}]}
+    answer = _post(server, "/v1/messages", body)
+    (call,) = [b for b in answer["content"] if b["type"] == "tool_use"]
+    assert call["name"] == "Bash"

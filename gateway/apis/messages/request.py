@@ -497,6 +497,14 @@ def _tool(tool: Any, param: str, left: Ignored, names: dict[str, bool]
     tool = _object(tool, param)
     kind = tool.get("type")
     _cached(tool, left)
+    if tool.get("defer_loading") is True:
+        # loaded only through Anthropic's tool search, which chat has not: not offered (a
+        # chat model would call it as an ordinary function)
+        name = tool.get("name")
+        if isinstance(name, str):
+            names[name] = False
+        left.drop(param)
+        return None
     if kind not in (None, "custom"):
         if not isinstance(kind, str):
             raise _refuse(f"{param}.type", "must be a string")
