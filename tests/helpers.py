@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -9,10 +10,13 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 TEST_KEY = "sk-gw-test-0123456789abcdef0123456789abcdef0123"
@@ -136,3 +140,19 @@ class GatewayProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def tmpfs(parent: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` (``1m``) mounted under ``parent``, unmounted after; the test is
+    skipped where it cannot be mounted (not root, or a kernel that refuses)."""
+    mount = parent / f"tmpfs-{uuid.uuid4().hex[:8]}"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+                          capture_output=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -12,8 +12,6 @@ import contextlib
 import errno
 import os
 import random
-import subprocess
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 from unittest import mock
@@ -25,6 +23,7 @@ from hypothesis import strategies as st
 from gateway.ledger import Spool
 from gateway.ledger.record import decode_records, encode_lines
 from gateway.ledger.sql.sqlite import SqliteLedger
+from tests.helpers import tmpfs
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -111,17 +110,9 @@ def test_short_writes_and_enospc_never_lose_an_acknowledged_record(
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 1 MiB tmpfs (root and a kernel that allows the mount), else skip."""
-    mount = tmp_path / f"tmpfs-{uuid.uuid4().hex[:8]}"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-                          capture_output=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    """A real 1 MiB tmpfs (skipped where it cannot be mounted)."""
+    with tmpfs(tmp_path, "1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_tmpfs_loses_no_acknowledged_record(

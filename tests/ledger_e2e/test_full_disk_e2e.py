@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import subprocess
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +21,7 @@ import pytest
 
 from gateway.ledger.sql import open_ledger
 from gateway.sim.server import SimServer
-from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.helpers import TEST_KEY, GatewayProcess, policy, tmpfs
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -34,16 +32,9 @@ LEDGER_TIMEOUT = 1.0
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / f"tmpfs-{uuid.uuid4().hex[:8]}"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                          capture_output=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    """A real 2 MiB tmpfs (skipped where it cannot be mounted)."""
+    with tmpfs(tmp_path, "2m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _fill(path: Path) -> None:
