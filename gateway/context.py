@@ -71,7 +71,6 @@ class RequestContext:
     backend: str | None = None
     attempts: int = 0
     failovers: int = 0  # moves to a fallback pool
-    retry_budget_exhausted: bool = False
     status: int = 0
     response_started: bool = False  # the status line went out: no error answer possible now
     first_token_ns: int | None = None  # first body byte relayed to the client

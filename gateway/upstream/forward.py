@@ -109,8 +109,7 @@ async def forward(
     limit = retry.max_attempts if max_attempts is None else first + max_attempts
     while ctx.attempts < limit:
         if ctx.attempts > first:
-            if not router.budget.try_retry():
-                ctx.retry_budget_exhausted = True
+            if not router.budget.try_retry():  # the pool-wide retry budget is spent
                 break
             pause = backoff(retry, ctx.attempts)
             if time.monotonic() + pause > route.deadline:
