@@ -25,7 +25,7 @@ import msgspec
 
 from gateway.accounting.usage import usage_from_mapping
 from gateway.apis.base import Frontend
-from gateway.apis.messages.answer import answer, status_and_type
+from gateway.apis.messages.answer import answer, shows_thinking, status_and_type
 from gateway.apis.messages.inverse import chat_answer_from_message, to_messages
 from gateway.apis.messages.request import ERROR_PREFIX, translate
 from gateway.apis.messages.stream import MessagesStream
@@ -64,11 +64,12 @@ class MessagesFrontend(Frontend):
 
     def answer(self, chat: dict[str, Any], *, model: str, request_id: str,
                request: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return answer(chat, model, request_id)  # a Messages answer echoes no request setting
+        return answer(chat, model, request_id, shows_thinking(request))
 
     def stream(self, *, model: str, request_id: str, prompt_tokens: int,
                request: Mapping[str, Any] | None = None) -> MessagesStream:
-        return MessagesStream(model=model, request_id=request_id, prompt_tokens=prompt_tokens)
+        return MessagesStream(model=model, request_id=request_id, prompt_tokens=prompt_tokens,
+                              thinking=shows_thinking(request))
 
     def error(self, error: GatewayError) -> tuple[int, bytes]:
         """Anthropic's shape; the error's headers (``Retry-After``) are the caller's to send."""

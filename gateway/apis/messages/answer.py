@@ -10,8 +10,12 @@
   ``{"_raw": "<the arguments>"}``: the model's output reaches the client, which sees why its
   tool cannot run, instead of the whole answer failing (a stream forwards the fragments as
   they come, since it cannot know before the end).
-* Reasoning a backend returns (``reasoning_content``) is not shown: Anthropic returns thinking
-  only when the request enables it, and most clients read ``content[0].text``.
+* Reasoning a backend returns (``reasoning_content``, or vLLM's newer ``reasoning``) becomes a
+  ``thinking`` block before the text (streamed as ``thinking_delta`` events) when the request
+  asked to see thinking (``thinking`` enabled or adaptive, ``display`` not ``omitted``), as
+  Anthropic answers; else it is not shown (most clients read ``content[0].text``). Its
+  signature is empty: the gateway cannot sign, and the thinking block sent back in a later
+  turn is dropped when translated.
 * Usage: Anthropic's ``input_tokens`` excludes the cache, so a chat usage becomes
   ``input_tokens = prompt - cache read - cache write`` beside ``cache_read_input_tokens`` and
   ``cache_creation_input_tokens`` (read by ``gateway.accounting.usage``, which keeps every
@@ -41,6 +45,7 @@ __all__ = [
     "anthropic_usage",
     "chat_usage",
     "message_id",
+    "shows_thinking",
     "status_and_type",
     "stop_reason",
     "text_of",
@@ -120,8 +125,17 @@ def text_of(content: Any) -> str:
     return ""
 
 
-def answer(chat: Mapping[str, Any], model: str, request_id: str) -> dict[str, Any]:
-    """The ``message`` for a non-streamed chat completions answer."""
+def shows_thinking(request: Mapping[str, Any] | None) -> bool:
+    """Whether a Messages request asked to see the model's thinking."""
+    thinking = request.get("thinking") if request is not None else None
+    return (isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+            and thinking.get("display") != "omitted")
+
+
+def answer(chat: Mapping[str, Any], model: str, request_id: str,
+           thinking: bool = False) -> dict[str, Any]:
+    """The ``message`` for a non-streamed chat completions answer (``thinking``: the request
+    asked to see thinking, :func:`shows_thinking`)."""
     choices = chat.get("choices")
     choice: Mapping[str, Any] = {}
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
@@ -133,6 +147,9 @@ def answer(chat: Mapping[str, Any], model: str, request_id: str) -> dict[str, An
     refusal = refusal if isinstance(refusal, str) else ""
     text = text_of(message.get("content")) + refusal
     content: list[dict[str, Any]] = []
+    thought = message.get("reasoning_content") or message.get("reasoning")
+    if thinking and isinstance(thought, str) and thought:
+        content.append({"type": "thinking", "thinking": thought, "signature": ""})
     if text:
         content.append({"type": "text", "text": text})
     calls = message.get("tool_calls")
@@ -150,7 +167,7 @@ def answer(chat: Mapping[str, Any], model: str, request_id: str) -> dict[str, An
             "input": tool_input(function.get("arguments")),
         })
     finish = choice.get("finish_reason")
-    has_calls = len(content) > (1 if text else 0)
+    has_calls = any(block["type"] == "tool_use" for block in content)
     reason, sequence = stop_reason(finish if isinstance(finish, str) else None,
                                    choice.get("stop_reason"), has_calls, bool(refusal))
     return {

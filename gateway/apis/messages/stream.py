@@ -43,6 +43,7 @@ _STOP: Final = _event(b"message_stop", {"type": "message_stop"})
 _DELTA_HEAD: Final = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
 _TEXT_MID: Final = b',"delta":{"type":"text_delta","text":'
 _JSON_MID: Final = b',"delta":{"type":"input_json_delta","partial_json":'
+_THINKING_MID: Final = b',"delta":{"type":"thinking_delta","thinking":'
 _DELTA_TAIL: Final = b"}}\n\n"
 
 
@@ -75,12 +76,19 @@ class MessagesStream(StreamTranslator):
         "_request_id",
         "_started",
         "_text",
+        "_thinking",
+        "_thought",
         "_tools",
         "_usage",
     )
 
-    def __init__(self, *, model: str, request_id: str, prompt_tokens: int) -> None:
+    def __init__(self, *, model: str, request_id: str, prompt_tokens: int,
+                 thinking: bool = False) -> None:
         super().__init__()
+        #: the request asked to see thinking: the backend's reasoning is a ``thinking`` block
+        self._thinking = thinking
+        #: the open block's thinking delta event up to the text, if the open block is thinking
+        self._thought: bytes | None = None
         self._model = model
         self._request_id = request_id
         self._prompt_tokens = prompt_tokens
@@ -151,6 +159,8 @@ class MessagesStream(StreamTranslator):
                 continue
             delta = choice.delta
             if delta is not None:
+                if self._thinking and (thought := delta.reasoning_content or delta.reasoning):
+                    self._thinking_delta(thought, out)
                 content = delta.content
                 if content:
                     head = self._text
@@ -181,6 +191,14 @@ class MessagesStream(StreamTranslator):
         if head is None:
             index = self._start({"type": "text", "text": ""}, out)
             head = self._text = _DELTA_HEAD + str(index).encode() + _TEXT_MID
+        self._output_chunks += 1
+        out.append(head + _encode(text) + _DELTA_TAIL)
+
+    def _thinking_delta(self, text: str, out: list[bytes]) -> None:
+        head = self._thought
+        if head is None:
+            index = self._start({"type": "thinking", "thinking": "", "signature": ""}, out)
+            head = self._thought = _DELTA_HEAD + str(index).encode() + _THINKING_MID
         self._output_chunks += 1
         out.append(head + _encode(text) + _DELTA_TAIL)
 
@@ -220,7 +238,7 @@ class MessagesStream(StreamTranslator):
         if self._open is not None:
             out.append(_event(b"content_block_stop",
                               {"type": "content_block_stop", "index": self._open}))
-            self._open = self._text = None
+            self._open = self._text = self._thought = None
 
     def _end(self, out: list[bytes]) -> None:
         """``message_delta`` and ``message_stop``, once."""
