@@ -12,6 +12,7 @@ o200k_base, so a count equal to the engine's own is the engine's, not the gatewa
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import anthropic
@@ -340,9 +341,12 @@ def test_closed_stream_frees_the_engine_slot(gateway: GatewayProcess,
                 break
     assert got == 3
     assert sum(busy_slots(s) for s in llama_servers) == 1  # still generating
+    closed = time.monotonic()
     stream.close()
     wait_for("the engines' slots free after the client closed its stream",
              lambda: all(busy_slots(s) == 0 for s in llama_servers), timeout=10)
+    # reported, not asserted (a loaded box stretches it): the README's figure
+    print(f"slot free {time.monotonic() - closed:.3f} s after the client closed its stream")
     after = [engine_metrics(s)["llamacpp:tokens_predicted_total"] for s in llama_servers]
     predicted = sum(after) - sum(before)
     assert 3 <= predicted < max_tokens // 2, predicted  # stopped, not run to the end
