@@ -39,6 +39,7 @@ from gateway.api.admin import ADMIN_TOKEN_ENV, is_admin_credential
 from gateway.console.live import pool_stats
 from gateway.console.sessions import Session, Sessions, new_token
 from gateway.console.views import (
+    Month,
     MonthError,
     limit_lines,
     parse_month,
@@ -198,8 +199,10 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
             return refuse(403, "This page belongs to another tenant.", session)
         return session
 
-    @get("/console/tenants/{tenant:str}")
-    async def tenant_page(request: AnyRequest, tenant: str) -> Response[Any]:
+    async def tenant_month_of(request: AnyRequest, tenant: str
+                              ) -> tuple[Session, Month] | Response[Any]:
+        """The session allowed ``tenant``'s pages and the month asked for (``?month=``), the
+        ledger caught up with the answers already given; else the refusal to send."""
         session = await tenant_session(request, tenant)
         if not isinstance(session, Session):
             return session
@@ -207,8 +210,16 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
             month = parse_month(request.query_params.get("month"))
         except MonthError as exc:
             return refuse(400, str(exc), session)
-        runtime = current()
         await catch_up()
+        return session, month
+
+    @get("/console/tenants/{tenant:str}")
+    async def tenant_page(request: AnyRequest, tenant: str) -> Response[Any]:
+        allowed = await tenant_month_of(request, tenant)
+        if not isinstance(allowed, tuple):
+            return allowed
+        session, month = allowed
+        runtime = current()
         rows = await read_rows(ledger, tenant, month.lo, month.hi, ("day", "model"))
         this_month = parse_month(None)
         today = today_window()
@@ -224,14 +235,10 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
 
     @get("/console/tenants/{tenant:str}/export.csv")
     async def tenant_export(request: AnyRequest, tenant: str) -> Response[Any]:
-        session = await tenant_session(request, tenant)
-        if not isinstance(session, Session):
-            return session
-        try:
-            month = parse_month(request.query_params.get("month"))
-        except MonthError as exc:
-            return refuse(400, str(exc), session)
-        await catch_up()
+        allowed = await tenant_month_of(request, tenant)
+        if not isinstance(allowed, tuple):
+            return allowed
+        month = allowed[1]
         return Stream(stream_csv(ledger.export(month.lo, month.hi, tenant)),
                       media_type="text/csv; charset=utf-8", headers={
                           "content-disposition":
