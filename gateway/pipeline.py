@@ -9,9 +9,9 @@ Each stage is one call into the package that owns its rules, with typed inputs a
 
 =================  ============================================================================
 authenticate       ``auth``: the key -> :class:`~gateway.auth.resolver.Identity` (or a 401)
-parse, classify    ``request.parse`` (the body), ``apis.responses.store`` (a Responses request
+parse, classify    ``dialects.chat.parse`` (the body), ``dialects.responses.store`` (a Responses request
                    to be stored by a tenant at its ``stored_responses`` bound: a 400; the
-                   conversation a ``previous_response_id`` continues), ``apis.limits`` (the
+                   conversation a ``previous_response_id`` continues), ``dialects.limits`` (the
                    output limit against the model's ``max_output_tokens``: a 400),
                    ``routing.classes`` (the class; a 400 for an unknown ``X-Request-Class``)
 admit              ``quota.admit``: the estimate, the reservation, the 429, ``x-ratelimit-*``
@@ -42,20 +42,21 @@ import msgspec
 
 from gateway.accounting import StreamScanner, request_usage
 from gateway.accounting.meter import count_prompt, meter, meter_failed
-from gateway.accounting.record import account
 from gateway.accounting.split import PromptSplit
+from gateway.accounting.tokens import account
 from gateway.accounting.usage_bounds import rejection_kind, request_limits
-from gateway.apis.limits import check_output_limit
-from gateway.apis.plan import CHAT_PATH, Upstream, plan_upstream, refuse_untranslatable
-from gateway.apis.registry import (
+from gateway.config.model import StoredResponseLimits
+from gateway.context import RequestContext, client_request_id, new_request_id
+from gateway.dialects.chat.parse import ENDPOINTS, parse_request
+from gateway.dialects.limits import check_output_limit
+from gateway.dialects.plan import CHAT_PATH, Upstream, plan_upstream, refuse_untranslatable
+from gateway.dialects.registry import (
     decode_native,
     frontend_for,
     send_api_error,
     translate_native,
 )
-from gateway.apis.responses.store import continued, keeper, room
-from gateway.config.model import StoredResponseLimits
-from gateway.context import RequestContext, client_request_id, new_request_id
+from gateway.dialects.responses.store import continued, keeper, room
 from gateway.errors import (
     GatewayError,
     InternalError,
@@ -68,7 +69,6 @@ from gateway.errors import (
 from gateway.http.asgi import ClientGone, clip, header_value, send_error
 from gateway.ledger import make_record
 from gateway.quota.admit import Admitted, admit
-from gateway.request.parse import ENDPOINTS, parse_request
 from gateway.routing.classes import UnknownClass, resolve_class
 from gateway.routing.conversation import SESSION_HEADER
 from gateway.upstream.cache_isolation import isolate_body
@@ -83,14 +83,14 @@ if TYPE_CHECKING:
 
     from gateway.accounting import PromptCounter, Scanner, TokenUsage
     from gateway.accounting.usage import Shape
-    from gateway.apis.base import Frontend
     from gateway.auth.resolver import Identity
     from gateway.config import Model
+    from gateway.dialects.base import Frontend
+    from gateway.dialects.chat.parse import Endpoint, ParsedRequest
     from gateway.http.base import UpstreamClient
     from gateway.ledger import Ledger, UsageRecord
-    from gateway.ledger.sql.responses import ResponseStore
+    from gateway.ledger.sql.stored_responses import ResponseStore
     from gateway.quota import QuotaStore
-    from gateway.request.parse import Endpoint, ParsedRequest
     from gateway.runtime import Runtime
     from gateway.telemetry import Metrics, RequestSpan, RequestTracing
     from gateway.types import Message, RawHeaders, Send

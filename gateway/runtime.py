@@ -20,8 +20,8 @@ from gateway.auth import StaticKeys
 from gateway.auth.cache_salt import CacheSalts, load_secret
 from gateway.auth.resolver import KeyResolver
 from gateway.config import key_hashes
-from gateway.quota.admission import scopes_for
 from gateway.quota.calls import CallLimiter
+from gateway.quota.scopes import scopes_for
 from gateway.routing.router import Router
 from gateway.upstream.engines import cache_mode, unisolated
 

@@ -29,10 +29,10 @@ from gateway.accounting.prices import (
     price_usage,
     to_micros,
 )
-from gateway.accounting.record import TokenUsage, account, account_body, account_stream
 from gateway.accounting.request import request_usage
 from gateway.accounting.split import PromptCounter, PromptSplit
 from gateway.accounting.sse import Scanner, StreamScanner
+from gateway.accounting.tokens import TokenUsage, account, account_body, account_stream
 from gateway.accounting.usage import (
     AnthropicUsage,
     BackendUsage,

@@ -23,16 +23,16 @@ import msgspec
 
 from gateway.accounting.offload import OFFLOAD_BYTES, off_loop
 from gateway.accounting.prices import CostBreakdown
-from gateway.accounting.record import account_body, account_stream
+from gateway.accounting.tokens import account_body, account_stream
 from gateway.accounting.usage_bounds import screen
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from gateway.accounting.prices import ModelPrice
-    from gateway.accounting.record import TokenUsage
     from gateway.accounting.split import PromptCounter, PromptSplit
     from gateway.accounting.sse import Scanner
+    from gateway.accounting.tokens import TokenUsage
     from gateway.accounting.usage import Shape
     from gateway.accounting.usage_bounds import UsageLimits
 

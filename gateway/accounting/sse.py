@@ -13,7 +13,7 @@ may split lines and events anywhere. It
 
 Cost per chunk: one ``rfind`` for the last event boundary, one ``split``, and one msgspec decode
 per event into ``ChatChunk``, the one Struct of a chat chunk in the gateway (what this scanner and
-the stream translators of ``gateway.apis`` read); everything else in the event is skipped by the
+the stream translators of ``gateway.dialects`` read); everything else in the event is skipped by the
 decoder without building objects. A translated stream is decoded here only: with
 ``keep_chunks`` the scanner keeps each decoded chunk for the translator (``chunks``).
 
@@ -125,7 +125,7 @@ class ChunkChoice(msgspec.Struct, gc=False):
 
 class ChatChunk(msgspec.Struct, gc=False):
     """One event of a chat (or completions) stream, as far as the gateway reads it: the usage
-    scanner (usage, delivered text) and the stream translators (``gateway.apis``), which get
+    scanner (usage, delivered text) and the stream translators (``gateway.dialects``), which get
     this very object instead of decoding the event again. Fields nobody reads are skipped by
     the decoder without building objects.
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from gateway.accounting.offload import OFFLOAD_BYTES, off_loop
-from gateway.apis.messages import MessagesFrontend, count_tokens
-from gateway.apis.registry import send_api_error
 from gateway.context import new_request_id
+from gateway.dialects.chat.parse import decode_object
+from gateway.dialects.messages import MessagesFrontend, count_tokens
+from gateway.dialects.registry import send_api_error
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, ModelNotFound
 from gateway.http.asgi import clip, header_value, read_body, send_json
-from gateway.request.parse import decode_object
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -26,8 +26,8 @@ from urllib.parse import unquote
 
 import msgspec
 
-from gateway.apis.registry import FRONTENDS, send_api_error
 from gateway.context import new_request_id
+from gateway.dialects.registry import FRONTENDS, send_api_error
 from gateway.errors import GatewayError, MethodNotAllowed, ModelNotFound
 from gateway.http.asgi import clip, get_header, send_error, send_json
 

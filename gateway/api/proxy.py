@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable
 
     from gateway.context import RequestContext
+    from gateway.dialects.chat.parse import Endpoint
     from gateway.pipeline import Pipeline
-    from gateway.request.parse import Endpoint
     from gateway.types import Message, Receive, Scope, Send
 
 __all__ = ["ProxyHandler"]

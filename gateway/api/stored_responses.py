@@ -20,9 +20,9 @@ from urllib.parse import parse_qsl, unquote
 import msgspec
 
 from gateway.api.count_tokens import caller
-from gateway.apis.responses import input_items
-from gateway.apis.responses.store import StoreUnavailable, find, not_found
 from gateway.context import new_request_id
+from gateway.dialects.responses import input_items
+from gateway.dialects.responses.store import StoreUnavailable, find, not_found
 from gateway.errors import (
     GatewayError,
     InternalError,
@@ -37,7 +37,7 @@ from gateway.ledger.errors import LedgerUnavailable
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from gateway.ledger.sql.responses import ResponseStore
+    from gateway.ledger.sql.stored_responses import ResponseStore
     from gateway.runtime import Runtime
     from gateway.types import Receive, Scope, Send
 

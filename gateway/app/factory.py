@@ -38,6 +38,7 @@ from gateway.app.state import METRICS_TOKEN_ENV, Gateway
 from gateway.config import PolicyError, load_policy
 from gateway.console import CONSOLE_PREFIX, console_edge
 from gateway.context import new_request_id
+from gateway.dialects.chat.parse import ENDPOINTS
 from gateway.errors import (
     AuthenticationFailed,
     GatewayError,
@@ -48,7 +49,6 @@ from gateway.errors import (
 )
 from gateway.http.asgi import send_error
 from gateway.http.canonical import BadPath, canonical_path, encode_path
-from gateway.request.parse import ENDPOINTS
 from gateway.upstream.model_info import ContextLookup
 
 if TYPE_CHECKING:

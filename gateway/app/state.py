@@ -23,14 +23,14 @@ from gateway.auth.keystore import KeyStore
 from gateway.auth.manage import open_keystore
 from gateway.batch import BatchRunner, make_batch_jobs
 from gateway.config import PolicyError, load_policy
+from gateway.dialects.chat.parse import ENDPOINTS
 from gateway.http.base import make_upstream
 from gateway.ledger import LedgerSettings
 from gateway.ledger.journal import filesystem_of, journal_is_local
 from gateway.ledger.sql import open_ledger
-from gateway.ledger.sql.responses import ResponseStore
+from gateway.ledger.sql.stored_responses import ResponseStore
 from gateway.pipeline import Inbound, LineAnswer, Pipeline, Services
 from gateway.quota import FailoverQuotaStore, MemoryQuotaStore, QuotaStore, RedisQuotaStore
-from gateway.request.parse import ENDPOINTS
 from gateway.rollouts import Rollouts, make_rollout_store
 from gateway.runtime import Runtime
 from gateway.telemetry import (

@@ -20,8 +20,8 @@ from gateway.batch.objects import (
 from gateway.batch.redis import RedisBatchState
 from gateway.batch.sqlite import SqliteBatchState
 from gateway.batch.validate import Limits, validate_file
+from gateway.dialects.chat.parse import ENDPOINTS
 from gateway.errors import InvalidRequest
-from gateway.request.parse import ENDPOINTS
 
 if TYPE_CHECKING:
     from collections.abc import Collection

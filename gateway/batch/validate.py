@@ -17,8 +17,8 @@ from typing import Any
 import msgspec
 
 from gateway.batch.errors import BatchFileInvalid, BatchFileTooLarge
+from gateway.dialects.chat.parse import ENDPOINTS, MAX_DEPTH, nests_deeper, parse_request
 from gateway.errors import InvalidRequest
-from gateway.request.parse import ENDPOINTS, MAX_DEPTH, nests_deeper, parse_request
 
 __all__ = ["BatchLine", "FileSummary", "Limits", "iter_lines", "parse_line", "validate_file"]
 

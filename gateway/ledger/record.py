@@ -22,7 +22,7 @@ import msgspec
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from gateway.accounting.record import TokenUsage
+    from gateway.accounting.tokens import TokenUsage
     from gateway.context import RequestContext
 
 __all__ = [

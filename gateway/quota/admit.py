@@ -20,10 +20,10 @@ from gateway.accounting import PromptSplit, price_usage
 from gateway.accounting.meter import count_prompt
 from gateway.accounting.offload import OFFLOAD_BYTES, off_loop
 from gateway.errors import QuotaStoreUnavailable, RateLimited
-from gateway.quota.admission import Admission
 from gateway.quota.base import QuotaRequest
 from gateway.quota.errors import QuotaUnavailable
 from gateway.quota.ratelimit import ratelimit_headers
+from gateway.quota.reservation import Admission
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

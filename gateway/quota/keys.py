@@ -19,7 +19,7 @@ the organization's, its teams' and its tenants' counters share a slot::
 
 Inside an organization ``{t}`` is ``{org/<organization>}``, the record is
 ``gw:q:{org/<o>}:r:<tenant>/<request id>``, and the scope names say whose counters they are
-(``gateway.quota.admission.scopes_for``): ``org:<o>``, ``team:<team>``, ``tenant:<tenant>``,
+(``gateway.quota.scopes.scopes_for``): ``org:<o>``, ``team:<team>``, ``tenant:<tenant>``,
 ``tenant:<tenant>/key:<id>``, ``tenant:<tenant>/model:<m>``, and ``.../cost`` beside each for
 spend. Day and month ids are then those of the organization's time zone. A tenant outside any
 organization keeps exactly the keys it always had (no live counter moves).

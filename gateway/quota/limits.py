@@ -165,7 +165,7 @@ class Scope:
     The owner is the request's tenant, or the ``partition`` (an organization) when set: then
     the name must say which tenant, team or organization the counters are for. Names are
     ``tenant``, ``key:<key id>`` and ``model:<model>`` when built by :func:`build_scopes`;
-    ``gateway.quota.admission.scopes_for`` documents the names inside an organization. Any
+    ``gateway.quota.scopes.scopes_for`` documents the names inside an organization. Any
     name without ``{`` or ``}`` works.
     """
 

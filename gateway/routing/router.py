@@ -31,8 +31,8 @@ from gateway.routing.errors import NoHealthyBackend, RequestShed
 from gateway.routing.pool import PoolState
 from gateway.routing.prefix import prompt_hashes
 from gateway.routing.retry import RetryBudget
-from gateway.routing.rollout import choose_version
 from gateway.routing.shed import retry_after, shed_reason
+from gateway.routing.versions import choose_version
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Mapping, Sequence

@@ -4,7 +4,7 @@ Used by the demo, the tests and the benchmarks in place of GPU replicas: OpenAI'
 completions, embeddings and Responses API, and Anthropic's Messages API, each served natively
 (with tool calls and Anthropic's prompt cache) so the gateway's pass-through meets a real
 backend. The engine model and its calibration are in SIMULATOR.md. Knows nothing of the gateway
-except ``gateway.tokenizers`` (in particular nothing of its front-ends, ``gateway.apis``).
+except ``gateway.tokenizers`` (in particular nothing of its front-ends, ``gateway.dialects``).
 
 Layout: ``profiles`` (cost constants) -> ``engine`` (step loop) -> ``text`` / ``tools`` /
 ``prompt`` / ``cache`` (what an answer holds and costs) -> ``answer`` (the plan and the renderer

@@ -2,7 +2,7 @@
 
 Telemetry sits beside the pipeline, not in it: it reads the facts the stages wrote and never
 imports them. :class:`~gateway.context.RequestContext` and
-:class:`~gateway.accounting.record.TokenUsage` satisfy these protocols; tests pass plain fakes.
+:class:`~gateway.accounting.tokens.TokenUsage` satisfy these protocols; tests pass plain fakes.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class CostView(Protocol):
 
 
 class UsageView(Protocol):
-    """Tokens of one request (see :class:`gateway.accounting.record.TokenUsage`)."""
+    """Tokens of one request (see :class:`gateway.accounting.tokens.TokenUsage`)."""
 
     @property
     def system(self) -> int: ...

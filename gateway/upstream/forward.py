@@ -37,7 +37,7 @@ from gateway.routing.retry import RETRYABLE_STATUS, backoff
 from gateway.telemetry.redact import Redactor
 from gateway.telemetry.spans import NOOP_SPAN
 from gateway.upstream.engines import engine_of, openai_error
-from gateway.upstream.translate import as_gateway_error
+from gateway.upstream.failures import as_gateway_error
 
 if TYPE_CHECKING:
     from gateway.config import Health, Timeouts

@@ -49,8 +49,8 @@ from gateway.accounting.sse import chat_error_event
 from gateway.errors import BackendFailure, GatewayError
 from gateway.http.errors import UpstreamError
 from gateway.timers.deadlines import wheel
+from gateway.upstream.failures import as_gateway_error
 from gateway.upstream.forward import log_error_body, scrub
-from gateway.upstream.translate import as_gateway_error
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable

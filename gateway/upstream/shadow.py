@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from gateway.http.errors import UpstreamError
-from gateway.routing.rollout import ShadowStats, should_shadow
+from gateway.routing.versions import should_shadow
 from gateway.upstream.shadow_answer import (
     TEXT_CAP,
     Answer,
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
     from gateway.types import RawHeaders
     from gateway.upstream.forward import Forwarded
 
-__all__ = ["COMPARED_PATHS", "Mirror", "Pairing"]
+__all__ = ["COMPARED_PATHS", "Mirror", "Pairing", "ShadowStats"]
 
 _encoder = msgspec.json.Encoder()
 #: endpoints whose answers are compared (others are mirrored and counted only)
@@ -62,6 +63,18 @@ _MAX_BODY = 4 * 1024 * 1024
 
 def _ms(end_ns: int | None, start_ns: int) -> float | None:
     return None if end_ns is None else (end_ns - start_ns) / 1e6
+
+
+
+@dataclass
+class ShadowStats:
+    """Counts of shadow requests (per process)."""
+
+    started: int = 0
+    skipped: int = 0  # the shadow pool had no free backend, or too many shadows in flight
+    by_status: dict[int, int] = field(default_factory=dict)
+    errors: int = 0
+    in_flight: int = 0
 
 
 class Pairing:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.accounting.prices import CostBreakdown
-from gateway.accounting.record import TokenUsage
+from gateway.accounting.tokens import TokenUsage
 from gateway.context import RequestContext
 from gateway.telemetry import LogSettings, Metrics, RequestTracing, TracingSettings
 from gateway.telemetry.logging import setup_logging

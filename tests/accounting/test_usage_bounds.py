@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from gateway.accounting import PromptCounter, PromptSplit, StreamScanner, account_body
-from gateway.accounting.record import account_stream
+from gateway.accounting.tokens import account_stream
 from gateway.accounting.usage import (
     BackendUsage,
     Shape,
@@ -32,7 +32,7 @@ from gateway.accounting.usage_bounds import (
     request_limits,
     screen,
 )
-from gateway.apis.native import NativeStreamScanner
+from gateway.dialects.native import NativeStreamScanner
 
 SPLIT = PromptSplit(system=10, new=30)  # the gateway's own count of the prompt: 40
 LIMITS = UsageLimits(output=16)  # the request's max_tokens

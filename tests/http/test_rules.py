@@ -16,7 +16,7 @@ from gateway.http.errors import (
     UpstreamProtocolError,
     UpstreamResponseTooLarge,
 )
-from gateway.upstream.translate import as_gateway_error
+from gateway.upstream.failures import as_gateway_error
 from tests.http.hostile import HostileBackend, Script, read_request
 
 TIMEOUTS = Timeouts(connect=5, first_token=5, idle=2, total=10)

@@ -7,7 +7,7 @@ import pytest
 
 import gateway.ledger as ledger_pkg
 from gateway.accounting.prices import CostBreakdown
-from gateway.accounting.record import TokenUsage
+from gateway.accounting.tokens import TokenUsage
 from gateway.context import RequestContext
 from gateway.ledger import UsageRecord, day_of, decode_record, encode_record, make_record, month_of
 

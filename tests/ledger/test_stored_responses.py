@@ -19,18 +19,18 @@ import asyncpg
 import msgspec
 import pytest
 
-from gateway.apis.responses.stored import conversation, earlier_messages, turn_messages
+from gateway.dialects.responses.stored import conversation, earlier_messages, turn_messages
 from gateway.ledger.sql import MIGRATIONS, SCHEMA_VERSION
 from gateway.ledger.sql.postgres import PostgresLedger
-from gateway.ledger.sql.responses import (
+from gateway.ledger.sql.sqlite import SqliteLedger
+from gateway.ledger.sql.store import SqlLedger
+from gateway.ledger.sql.stored_responses import (
     EXPIRE_BATCH,
     BrokenChain,
     ChainTooLong,
     ResponseStore,
     StorageUsage,
 )
-from gateway.ledger.sql.sqlite import SqliteLedger
-from gateway.ledger.sql.store import SqlLedger
 from tests.ledger.test_sql import _insert_raw, record
 from tests.ledger.usage_data import all_rows, assert_reads_match, day_span
 

@@ -17,9 +17,9 @@ import pytest
 from gateway.app.state import Gateway
 from gateway.auth.resolver import Identity
 from gateway.config import parse_policy
+from gateway.dialects.chat.parse import ENDPOINTS
 from gateway.ledger import UsageRecord
 from gateway.pipeline import Inbound
-from gateway.request.parse import ENDPOINTS
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, policy
 

@@ -15,8 +15,8 @@ import pytest
 from gateway.app.state import Gateway
 from gateway.config import parse_policy
 from gateway.context import RequestContext
+from gateway.dialects.chat.parse import ENDPOINTS
 from gateway.pipeline import Inbound
-from gateway.request.parse import ENDPOINTS
 from gateway.telemetry import RequestSpan
 from tests.fake_engine import Engine, FakeEngines
 from tests.helpers import TEST_KEY, policy

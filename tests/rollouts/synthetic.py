@@ -15,7 +15,7 @@ from gateway.config import Model, Policy, Pool, Version
 from gateway.config.model import Backend, Progressive, seconds
 from gateway.context import RequestContext
 from gateway.rollouts import AgreementSource, MemoryRolloutStore, Rollouts
-from gateway.routing.rollout import choose_version
+from gateway.routing.versions import choose_version
 
 #: (rng, canary?) -> (status, ttft seconds, tpot seconds, output tokens, stream broke?)
 Answer = Callable[[random.Random, bool], tuple[int, float, float, int, bool]]

@@ -9,7 +9,7 @@ import itertools
 from gateway.config import Model, Version
 from gateway.config.model import Progressive
 from gateway.rollouts import weights_for
-from gateway.routing.rollout import choose_version
+from gateway.routing.versions import choose_version
 
 CANARY = Version(backend_model="v2", weight=0, name="canary", progressive=Progressive())
 STABLE = Version(backend_model="v1", weight=1, name="stable")

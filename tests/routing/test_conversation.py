@@ -6,7 +6,7 @@ import random
 
 from gateway.config import Model, Version
 from gateway.routing.conversation import conversation_key
-from gateway.routing.rollout import choose_version
+from gateway.routing.versions import choose_version
 
 
 def _turns(rng: random.Random, n: int, system: bool) -> list[list[dict[str, str]]]:

@@ -11,7 +11,7 @@ from gateway.config import ApiKey, Backend, Health, Model, Retry, RouteRule, Rou
 from gateway.routing.backend import BackendState
 from gateway.routing.classes import UnknownClass, resolve_class
 from gateway.routing.retry import RetryBudget, backoff
-from gateway.routing.rollout import choose_version
+from gateway.routing.versions import choose_version
 
 CLASSES = {"interactive", "batch"}
 

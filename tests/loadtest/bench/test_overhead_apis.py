@@ -12,7 +12,7 @@ from anthropic.types import Message
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from gateway.apis.registry import FRONTENDS
+from gateway.dialects.registry import FRONTENDS
 from gateway.errors import InvalidRequest
 from loadtest.bench.overhead import payloads
 from loadtest.bench.overhead.ab import parse_args, quartiles, report, summarize
@@ -42,7 +42,7 @@ def test_every_api_sends_the_chat_request_s_content() -> None:
     for api in TRANSLATED:
         for stream in (False, True):
             native = json.loads(payloads.request_body(stream=stream, api=api))
-            translated = FRONTENDS[api].translate(native)
+            translated = FRONTENDS[api].to_chat(native)
             assert translated.model == payloads.MODEL
             assert translated.stream is stream
             assert translated.max_output == payloads.STREAM_CHUNKS
