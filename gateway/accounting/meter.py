@@ -23,20 +23,21 @@ import msgspec
 
 from gateway.accounting.offload import OFFLOAD_BYTES, off_loop
 from gateway.accounting.prices import CostBreakdown
-from gateway.accounting.tokens import account_body, account_stream
+from gateway.accounting.split import PromptSplit
+from gateway.accounting.tokens import account, account_body, account_stream
 from gateway.accounting.usage_bounds import screen
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from gateway.accounting.prices import ModelPrice
-    from gateway.accounting.split import PromptCounter, PromptSplit
+    from gateway.accounting.split import PromptCounter
     from gateway.accounting.sse import Scanner
     from gateway.accounting.tokens import TokenUsage
     from gateway.accounting.usage import Shape
     from gateway.accounting.usage_bounds import UsageLimits
 
-__all__ = ["count_prompt", "meter", "meter_failed"]
+__all__ = ["RequestMeter", "count_prompt", "meter", "meter_failed"]
 
 
 def count_prompt(counter: PromptCounter, operation: str, payload: Mapping[str, Any]
@@ -123,3 +124,66 @@ async def meter_failed(
     if bill_failed or usage.cost is None:
         return usage
     return msgspec.structs.replace(usage, cost=CostBreakdown())
+
+
+class RequestMeter:
+    """One request's meter: built before admission with what its usage is measured by, told
+    the prompt's split when admission counts it (``split``) and what the answer is read from
+    (``read``), then asked for the usage (``measure``; ``failed`` for a request that failed
+    before any output; ``interrupted`` for a stream's provisional record).
+
+    The pipeline's one object for stages 3 to 7: admission, routing (``route_tokens``) and a
+    translated stream (``prompt_tokens``) read the prompt's size from it, and the relay's
+    closing step meters through it without the pipeline passing the same ten values again.
+    """
+
+    __slots__ = ("batch", "bill_failed", "body", "counter", "limits", "operation", "payload",
+                 "price", "scanner", "shape", "size", "split")
+
+    def __init__(self, counter: PromptCounter, operation: str, payload: Mapping[str, Any],
+                 size: int, *, price: ModelPrice | None, batch: bool,
+                 limits: UsageLimits | None, bill_failed: bool) -> None:
+        self.counter, self.operation, self.payload, self.size = counter, operation, payload, size
+        self.price, self.batch, self.limits = price, batch, limits
+        self.bill_failed = bill_failed
+        #: the prompt's split, when admission counted it
+        self.split: PromptSplit | None = None
+        #: a whole answer as the backend sent it (in its usage ``shape``), or a stream's scanner
+        self.body: bytes | None = None
+        self.scanner: Scanner | None = None
+        self.shape: Shape = "openai"
+
+    def read(self, body: bytes | None, scanner: Scanner | None, shape: Shape) -> None:
+        """What the answer's usage is read from: the backend's whole body, or the stream's
+        scanner (which sees every chunk the relay passes)."""
+        self.body, self.scanner, self.shape = body, scanner, shape
+
+    def prompt_tokens(self) -> int:
+        """The prompt's tokens as admission counted them (or counted now, without limits)."""
+        return (self.split or count_prompt(self.counter, self.operation, self.payload)).total
+
+    def route_tokens(self) -> int:
+        """The prompt's tokens for routing (prefill prediction, the tenant's fair share):
+        admission's count when it counted, else the body's bytes / 4 (about a token per four
+        bytes of text; routing predicts and shares, it does not bill, so the prompt is not
+        tokenised for this alone)."""
+        split = self.split
+        return split.total if split is not None else self.size // 4
+
+    async def measure(self) -> TokenUsage:
+        """The request's usage from what ``read`` named (``meter``)."""
+        return await meter(self.counter, self.operation, self.payload, self.size, self.split,
+                           body=self.body, scanner=self.scanner, price=self.price,
+                           batch=self.batch, shape=self.shape, limits=self.limits)
+
+    async def failed(self, usage: TokenUsage | None) -> TokenUsage:
+        """The usage of a request that failed before any output (``meter_failed``)."""
+        return await meter_failed(self.counter, self.operation, self.payload, self.size,
+                                  self.split, usage, price=self.price, batch=self.batch,
+                                  bill_failed=self.bill_failed)
+
+    def interrupted(self, chunks: int) -> TokenUsage:
+        """What a stream cut off after ``chunks`` chunks would bill (its provisional record,
+        should the process die): the prompt and one token a chunk."""
+        return account(self.split or PromptSplit(), None, estimated_output=chunks,
+                       price=self.price, batch=self.batch, reason="interrupted")

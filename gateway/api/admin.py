@@ -20,7 +20,7 @@ from litestar import Request, Response, get, post
 
 from gateway.api.audit import KEEP
 from gateway.auth.manage import KeyAdminError, create_key, parse_expiry, public_view
-from gateway.dialects.chat.parse import decode_object
+from gateway.dialects.body import decode_object
 from gateway.errors import AuthenticationFailed, InvalidRequest, RouteNotFound
 from gateway.http.asgi import get_header
 

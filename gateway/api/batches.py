@@ -13,7 +13,7 @@ from litestar import Request, Response, get, post
 
 from gateway.api.files import identify, json_response
 from gateway.batch import batch_object
-from gateway.dialects.chat.parse import decode_object
+from gateway.dialects.body import decode_object
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -16,7 +16,7 @@ import msgspec
 
 from gateway.accounting.offload import OFFLOAD_BYTES, off_loop
 from gateway.context import new_request_id
-from gateway.dialects.chat.parse import decode_object
+from gateway.dialects.body import decode_object
 from gateway.dialects.messages import MessagesFrontend, count_tokens
 from gateway.dialects.registry import send_api_error
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, ModelNotFound

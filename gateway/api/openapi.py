@@ -1,9 +1,10 @@
 """The gateway's OpenAPI 3.1 document: every route it serves, built from the code's own facts.
 
 Generated, not hand-kept: the proxied routes come from
-:data:`~gateway.dialects.chat.parse.ENDPOINTS` and their request bodies list exactly the
-fields :func:`~gateway.dialects.chat.parse.parse_request` checks (``additionalProperties`` stays open: every other field passes through); the bounds
-(:data:`~gateway.dialects.chat.parse.MAX_DEPTH`, the body limit) and the model names come from the
+:data:`~gateway.dialects.shape.ENDPOINTS` and their request bodies list exactly the fields
+:func:`~gateway.dialects.chat.parse.parse_request` checks (``additionalProperties`` stays
+open: every other field passes through); the bounds (:data:`~gateway.dialects.body.MAX_DEPTH`,
+the body limit) and the model names come from the
 policy. Errors are the one OpenAI shape of :mod:`gateway.errors`. Two bearer schemes: an API
 key (static or managed) for ``/v1``, the admin token for ``/admin``.
 
@@ -20,7 +21,8 @@ import msgspec
 from litestar import Request, Response, get
 
 from gateway.api.admin import is_admin_credential
-from gateway.dialects.chat.parse import ENDPOINTS, MAX_DEPTH
+from gateway.dialects.body import MAX_DEPTH
+from gateway.dialects.shape import ENDPOINTS
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable
 
     from gateway.context import RequestContext
-    from gateway.dialects.chat.parse import Endpoint
+    from gateway.dialects.shape import Endpoint
     from gateway.pipeline import Pipeline
     from gateway.types import Message, Receive, Scope, Send
 

@@ -38,7 +38,7 @@ from gateway.app.state import METRICS_TOKEN_ENV, Gateway
 from gateway.config import PolicyError, load_policy
 from gateway.console import CONSOLE_PREFIX, console_edge
 from gateway.context import new_request_id
-from gateway.dialects.chat.parse import ENDPOINTS
+from gateway.dialects.shape import ENDPOINTS
 from gateway.errors import (
     AuthenticationFailed,
     GatewayError,

@@ -23,7 +23,7 @@ from gateway.auth.keystore import KeyStore
 from gateway.auth.manage import open_keystore
 from gateway.batch import BatchRunner, make_batch_jobs
 from gateway.config import PolicyError, load_policy
-from gateway.dialects.chat.parse import ENDPOINTS
+from gateway.dialects.shape import ENDPOINTS
 from gateway.http.base import make_upstream
 from gateway.ledger import LedgerSettings
 from gateway.ledger.journal import filesystem_of, journal_is_local

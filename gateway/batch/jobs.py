@@ -20,7 +20,7 @@ from gateway.batch.objects import (
 from gateway.batch.redis import RedisBatchState
 from gateway.batch.sqlite import SqliteBatchState
 from gateway.batch.validate import Limits, validate_file
-from gateway.dialects.chat.parse import ENDPOINTS
+from gateway.dialects.shape import ENDPOINTS
 from gateway.errors import InvalidRequest
 
 if TYPE_CHECKING:

@@ -17,7 +17,9 @@ from typing import Any
 import msgspec
 
 from gateway.batch.errors import BatchFileInvalid, BatchFileTooLarge
-from gateway.dialects.chat.parse import ENDPOINTS, MAX_DEPTH, nests_deeper, parse_request
+from gateway.dialects.body import MAX_DEPTH, nests_deeper
+from gateway.dialects.chat.parse import parse_request
+from gateway.dialects.shape import ENDPOINTS
 from gateway.errors import InvalidRequest
 
 __all__ = ["BatchLine", "FileSummary", "Limits", "iter_lines", "parse_line", "validate_file"]

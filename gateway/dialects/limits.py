@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from gateway.config import Model
     from gateway.dialects.base import Frontend
-    from gateway.dialects.chat.parse import ParsedRequest
+    from gateway.dialects.shape import ParsedRequest
 
 __all__ = ["CHAT_OUTPUT_FIELDS", "check_output_fields", "check_output_limit"]
 

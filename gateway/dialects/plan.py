@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from gateway.accounting import Scanner
     from gateway.accounting.usage import Shape
     from gateway.dialects.base import Frontend, StreamTranslator
-    from gateway.dialects.chat.parse import ParsedRequest
+    from gateway.dialects.shape import ParsedRequest
     from gateway.routing.pool import PoolState
     from gateway.types import RawHeaders
 
@@ -67,9 +67,11 @@ _NO_REASONING_EFFORT = frozenset({"tgi"})
 
 @dataclass(slots=True)
 class Upstream:
-    """How one front-end request goes to its backend and comes back."""
+    """How one request goes to its backend and comes back: passed through in its own API
+    (``native``: a chat-shaped request always, a front-end's to a pool that speaks it) or
+    translated to chat (``frontend``: the API it is translated from; None for chat)."""
 
-    frontend: Frontend
+    frontend: Frontend | None
     native: bool
     path: str
     body: bytes
@@ -91,6 +93,14 @@ class Upstream:
     answered_model: str | None = None
     #: the client's fields the translation dropped (none when passed through)
     ignored: tuple[str, ...] = ()
+    #: the client API (``Endpoint.api``)
+    api: str = "chat"
+
+    @property
+    def streams_chat(self) -> bool:
+        """The backend streams chat completions for this request (a chat request, or one
+        translated to chat): what a continuation on another backend can splice."""
+        return self.api == "chat" if self.frontend is None else not self.native
 
     @property
     def headers(self) -> RawHeaders:
@@ -107,21 +117,22 @@ class Upstream:
 
     def answer(self, status: int, body: bytes) -> bytes:
         """The client's body for a whole answer of the backend."""
-        if self.native:
+        frontend = self.frontend
+        if self.native or frontend is None:
             if self.rewriter is not None and status < 400:
                 body = self.rewriter.whole(body)
             return body
         if status >= 400:
-            return self.frontend.error(_backend_error(status, body))[1]
+            return frontend.error(_backend_error(status, body))[1]
         try:
             chat = _decode(body)
         except msgspec.DecodeError:
-            return self.frontend.error(_backend_error(502, b""))[1]
+            return frontend.error(_backend_error(502, b""))[1]
         if not isinstance(chat, dict):
-            return self.frontend.error(_backend_error(502, b""))[1]
+            return frontend.error(_backend_error(502, b""))[1]
         engine_model = chat.get("model")
         self.answered_model = engine_model if isinstance(engine_model, str) else None
-        self.answered = self.frontend.answer(chat, model=self.model,
+        self.answered = frontend.answer(chat, model=self.model,
                                              request_id=self.request_id, request=self.request)
         return _encode(self.answered)
 
@@ -196,7 +207,7 @@ def plan_upstream(
             scanner = _RenamedNative(frontend.name, stream.fail, rewriter)
         return Upstream(frontend, True, frontend.upstream_path, _encode(native), scanner,
                         rewriter, parsed.model, request_id, _SHAPES.get(frontend.name, "openai"),
-                        parsed.native)
+                        parsed.native, api=frontend.name)
     translated = parsed.translated
     ignored: tuple[str, ...] = ()
     chat = dict(parsed.payload)
@@ -218,7 +229,7 @@ def plan_upstream(
         scanner = TranslatingScanner(translator)
     return Upstream(frontend, False, CHAT_PATH, _encode(chat), scanner, None, parsed.model,
                     request_id, "openai", parsed.native,
-                    translator if parsed.stream else None, ignored=ignored)
+                    translator if parsed.stream else None, ignored=ignored, api=frontend.name)
 
 
 class _RenamedNative(NativeStreamScanner):

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway.dialects.chat.parse import ParsedRequest, decode_object
+from gateway.dialects.body import decode_object
 from gateway.dialects.messages import MessagesFrontend
 from gateway.dialects.responses import ResponsesFrontend
+from gateway.dialects.shape import ParsedRequest
 from gateway.errors import InvalidRequest
 from gateway.http.asgi import send_json
 

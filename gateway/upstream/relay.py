@@ -23,7 +23,7 @@ usage record, plus a ``client_stalled`` log line (request id, tenant, bytes and 
 and ``gateway_client_stalls_total{pool}``. The check shares the deadline's wheel entry, moved
 earlier by a send when no check is pending, never a timer per chunk (see :class:`_Guarded`).
 
-The response's end waits for ``finish`` (the pipeline's meter-and-record step: the usage
+The response's end waits for its ``Closing`` (the pipeline's meter-and-record step: the usage
 record made durable, see ``gateway/ledger/base.py``): a whole body is sent only after it, a
 stream's ``data: [DONE]`` event and its final chunk only after it. So a client that received
 a complete response has a usage record on disk, whatever happens to the process next.
@@ -43,7 +43,7 @@ import asyncio
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.accounting.sse import chat_error_event
 from gateway.errors import BackendFailure, GatewayError
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from gateway.types import RawHeaders, Send
     from gateway.upstream.forward import Forwarded
 
-__all__ = ["relay_response"]
+__all__ = ["Closing", "relay_response"]
 
 _DONE = b"data: [DONE]"
 _DEADLINE_ERROR = "total timeout: the client did not read the response in time"
@@ -172,13 +172,21 @@ class _Guarded:
             self._handle = None
 
 
+
+class Closing(Protocol):
+    """What a response's end waits for: its last bytes go out only after ``before_last_bytes``
+    returns (the pipeline meters the request and makes its usage record durable there)."""
+
+    async def before_last_bytes(self) -> None: ...
+
+
 async def relay_response(
     forwarded: Forwarded,
     ctx: RequestContext,
     send: Send,
     extra: RawHeaders,
     scanner: Scanner | None = None,
-    finish: Callable[[], Awaitable[None]] | None = None,
+    closing: Closing | None = None,
     metrics: Metrics | None = None,
     progress: Callable[[int], None] | None = None,
     resume: Callable[[UpstreamError], Awaitable[AsyncIterator[bytes] | None]] | None = None,
@@ -203,10 +211,10 @@ async def relay_response(
     guarded = _Guarded(send, forwarded.deadline, forwarded.client_stall)
     try:
         if response.is_stream and status < 400:
-            await _relay_stream(forwarded, ctx, guarded, extra, scanner, finish, progress,
+            await _relay_stream(forwarded, ctx, guarded, extra, scanner, closing, progress,
                                 resume)
         else:
-            await _relay_whole(forwarded, ctx, guarded, extra, finish)
+            await _relay_whole(forwarded, ctx, guarded, extra, closing)
     except _Expired:
         ctx.outcome, ctx.error = "failed", _DEADLINE_ERROR
     except _Stalled:
@@ -228,7 +236,7 @@ async def _relay_whole(
     ctx: RequestContext,
     send: _Guarded,
     extra: RawHeaders,
-    finish: Callable[[], Awaitable[None]] | None,
+    closing: Closing | None,
 ) -> None:
     response = forwarded.response
     status = response.status
@@ -243,15 +251,15 @@ async def _relay_whole(
         body = scrub(body, forwarded.backend)
         headers = [(n, v) for n, v in headers if n.lower() != b"content-length"]
     headers.append((b"content-length", str(len(body)).encode()))
-    if finish is not None:  # the record is durable before any of the answer goes out
+    if closing is not None:  # the record is durable before any of the answer goes out
         ctx.outcome = "completed"
         ctx.first_token_ns = ctx.finished_ns = time.perf_counter_ns()
         ctx.delivered = True  # presumed on the record; corrected if a send below fails
-        await finish()
+        await closing.before_last_bytes()
     ctx.delivered = False
     ctx.response_started = True
     await send({"type": "http.response.start", "status": status, "headers": headers})
-    if finish is None:
+    if closing is None:
         ctx.first_token_ns = time.perf_counter_ns()
     await send({"type": "http.response.body", "body": body, "more_body": False})
     ctx.delivered = True
@@ -265,12 +273,12 @@ async def _relay_stream(
     send: _Guarded,
     extra: RawHeaders,
     scanner: Scanner | None,
-    finish: Callable[[], Awaitable[None]] | None,
+    closing: Closing | None,
     progress: Callable[[int], None] | None = None,
     resume: Callable[[UpstreamError], Awaitable[AsyncIterator[bytes] | None]] | None = None,
 ) -> None:
     response = forwarded.response
-    held = b""  # the [DONE] event and what follows it: sent after ``finish``
+    held = b""  # the [DONE] event and what follows it: sent after ``before_last_bytes``
     ctx.response_started = True
     await send({"type": "http.response.start", "status": response.status,
                 "headers": response.headers + extra})
@@ -291,7 +299,7 @@ async def _relay_stream(
                         ctx.first_token_ns = time.perf_counter_ns()
                     chunks += 1
                     out = scanner.feed(chunk) if scanner is not None else chunk
-                    if finish is not None and (held or (at := out.find(_DONE)) >= 0):
+                    if closing is not None and (held or (at := out.find(_DONE)) >= 0):
                         if held:
                             held += out
                             continue
@@ -323,13 +331,13 @@ async def _relay_stream(
     finally:
         ctx.output_chunks = chunks
         ctx.last_chunk_ns = time.perf_counter_ns()
-    if finish is not None:
+    if closing is not None:
         ctx.finished_ns = ctx.last_chunk_ns
         # every chunk of the answer went out: presumed whole on the record, corrected if its
         # last bytes below fail to
         ctx.delivered = ctx.outcome == "completed"
         try:
-            await finish()
+            await closing.before_last_bytes()
         except GatewayError as exc:  # the record not durable in time: an error, no [DONE]
             ctx.outcome, ctx.error, ctx.delivered = "failed", exc.message, False
             held = b""
@@ -337,5 +345,5 @@ async def _relay_stream(
                 held = scanner.error_event(exc) if scanner is not None else chat_error_event(exc)
     delivered, ctx.delivered = ctx.delivered, False
     await send({"type": "http.response.body", "body": held, "more_body": False})
-    ctx.delivered = delivered if finish is not None else ctx.outcome == "completed"
+    ctx.delivered = delivered if closing is not None else ctx.outcome == "completed"
     ctx.finished_ns = time.perf_counter_ns()

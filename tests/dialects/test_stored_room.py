@@ -15,7 +15,7 @@ import pytest
 
 from gateway.config.model import StoredResponseLimits
 from gateway.dialects.responses import ResponsesFrontend
-from gateway.dialects.responses.store import StoredResponsesFull, room
+from gateway.dialects.responses.store import StoredResponsesFull, check_room
 from gateway.ledger.errors import LedgerUnavailable
 from gateway.ledger.sql.sqlite import SqliteLedger
 from gateway.ledger.sql.stored_responses import ResponseStore, StorageUsage
@@ -43,16 +43,16 @@ async def test_refused_at_the_row_bound_only_when_it_would_store(store: Response
     bound = StoredResponseLimits(max_rows=2, max_bytes=None)
     native: dict[str, Any] = {"model": "m", "input": "hi"}
     await _put(store, "acme", 1)
-    await room(store, FRONTEND, "acme", native, bound, 10)  # one of two: room
+    await check_room(store, FRONTEND, "acme", native, bound, 10)  # one of two: room
     await _put(store, "acme", 1)
     with pytest.raises(StoredResponsesFull) as err:
-        await room(store, FRONTEND, "acme", native, bound, 10)
+        await check_room(store, FRONTEND, "acme", native, bound, 10)
     assert err.value.status == 400 and err.value.param == "store"
     assert err.value.code == "stored_responses_limit_exceeded"
     assert "it stores 2 responses, at its limit of 2 (max_rows)" in err.value.message
-    await room(store, FRONTEND, "acme", {**native, "store": False}, bound, 10)
-    await room(store, FRONTEND, "globex", native, bound, 10)  # another tenant
-    await room(store, FRONTEND, "acme", native, StoredResponseLimits(max_rows=None,
+    await check_room(store, FRONTEND, "acme", {**native, "store": False}, bound, 10)
+    await check_room(store, FRONTEND, "globex", native, bound, 10)  # another tenant
+    await check_room(store, FRONTEND, "acme", native, StoredResponseLimits(max_rows=None,
                                                                       max_bytes=None), 10)
 
 
@@ -60,9 +60,9 @@ async def test_the_byte_bound_counts_twice_the_body(store: ResponseStore) -> Non
     await _put(store, "acme", 1)
     used = (await store.usage("acme")).bytes
     bound = StoredResponseLimits(max_rows=None, max_bytes=used + 200)
-    await room(store, FRONTEND, "acme", {"input": "x"}, bound, 100)  # exactly fits
+    await check_room(store, FRONTEND, "acme", {"input": "x"}, bound, 100)  # exactly fits
     with pytest.raises(StoredResponsesFull) as err:
-        await room(store, FRONTEND, "acme", {"input": "x"}, bound, 101)
+        await check_room(store, FRONTEND, "acme", {"input": "x"}, bound, 101)
     assert (f"it stores {used:,} bytes of responses, and this request would add about 202 "
             f"more, past its limit of {used + 200:,} bytes (max_bytes)") in err.value.message
 
@@ -74,7 +74,7 @@ async def test_expired_rows_are_freed_at_the_bound(store: ResponseStore) -> None
     past = time.time_ns() // 1_000_000 - 60_000
     await _put(store, "acme", 2, ttl_ms=1, now_ms=past)
     assert (await store.usage("acme")).responses == 2  # counted until swept
-    await room(store, FRONTEND, "acme", {"input": "x"},
+    await check_room(store, FRONTEND, "acme", {"input": "x"},
                StoredResponseLimits(max_rows=2, max_bytes=None), 10)
     assert (await store.usage("acme")).responses == 0
 
@@ -90,5 +90,5 @@ class _Away(ResponseStore):
 
 
 async def test_a_database_away_refuses_nothing() -> None:
-    await room(_Away(), FRONTEND, "acme", {"input": "x"},
+    await check_room(_Away(), FRONTEND, "acme", {"input": "x"},
                StoredResponseLimits(max_rows=1, max_bytes=1), 10)

@@ -19,7 +19,7 @@ from gateway.app.state import Gateway
 from gateway.auth.resolver import Identity
 from gateway.config import PolicyError, parse_policy
 from gateway.config.model import DEFAULT_MAX_OUTPUT_TOKENS, Model
-from gateway.dialects.chat.parse import ENDPOINTS
+from gateway.dialects.shape import ENDPOINTS
 from gateway.ledger import UsageRecord
 from gateway.pipeline import Inbound
 from gateway.sim.server import SimServer

@@ -17,7 +17,7 @@ import pytest
 from gateway.app.state import Gateway
 from gateway.auth.resolver import Identity
 from gateway.config import parse_policy
-from gateway.dialects.chat.parse import ENDPOINTS
+from gateway.dialects.shape import ENDPOINTS
 from gateway.ledger import UsageRecord
 from gateway.pipeline import Inbound
 from gateway.sim.server import SimServer

@@ -15,7 +15,7 @@ import pytest
 from gateway.app.state import Gateway
 from gateway.config import parse_policy
 from gateway.context import RequestContext
-from gateway.dialects.chat.parse import ENDPOINTS
+from gateway.dialects.shape import ENDPOINTS
 from gateway.pipeline import Inbound
 from gateway.telemetry import RequestSpan
 from tests.fake_engine import Engine, FakeEngines

@@ -1,7 +1,7 @@
 """The pipeline's calls for stored responses: room for one more, continue one
 (``previous_response_id``), keep one.
 
-``room`` runs first, before translation and admission: a Responses request that would be
+``check_room`` runs first, before translation and admission: a Responses request that would be
 stored (``store`` not false) by a tenant at its ``stored_responses`` bound (rows, or bytes with
 twice this request's body: its row keeps the request and its messages; the answer is not known
 yet) is answered 400 ``stored_responses_limit_exceeded``, naming the bound,
@@ -14,14 +14,14 @@ in flight together all pass the check, so a tenant can end past its bound by at 
 that cannot be reached, or does not answer within ``CHECK_TIMEOUT``, does not refuse the
 request (its save would likely fail too, and cost a later 404).
 
-``continued`` runs before translation too: a request naming ``previous_response_id`` gets the
+``earlier_turns`` runs before translation too: a request naming ``previous_response_id`` gets the
 stored conversation of the caller's tenant (``stored.conversation`` of the response's chain)
 as ``earlier``, or OpenAI's 400 ``previous_response_not_found`` naming the parameter when the
 response is missing, expired, deleted or another tenant's (the four are one answer, so an id
 reveals nothing across tenants). Such a request is always translated (``dialects.plan``): the
 conversation is the gateway's, not a backend's.
 
-``keeper`` is what the pipeline calls once the answer is complete: for a Responses request
+``response_saver`` is what the pipeline calls once the answer is complete: for a Responses request
 with ``store`` not false, it saves the response object (the whole body, or a stream's last
 event), the client's request, and the chat messages its turn added (``stored.turn_messages``:
 its own input, then the answer's assistant turn; not the turns it continued, which their own
@@ -47,13 +47,13 @@ if TYPE_CHECKING:
 
     from gateway.config.model import StoredResponseLimits
     from gateway.dialects.base import Frontend
-    from gateway.dialects.chat.parse import ParsedRequest
     from gateway.dialects.plan import Upstream
+    from gateway.dialects.shape import ParsedRequest
     from gateway.ledger.sql.stored_responses import ResponseStore, StorageUsage, StoredResponse
 
 __all__ = [
     "ConversationTooLong", "PreviousResponseNotFound", "ResponseNotFound", "StoreUnavailable",
-    "StoredResponsesFull", "continued", "find", "keeper", "not_found", "room",
+    "StoredResponsesFull", "check_room", "earlier_turns", "find", "not_found", "response_saver",
 ]
 
 _log = logging.getLogger("gateway.dialects.responses.store")
@@ -129,7 +129,7 @@ async def find(store: ResponseStore | None, tenant: str, response_id: str,
     return stored
 
 
-async def room(store: ResponseStore | None, frontend: Frontend, tenant: str,
+async def check_room(store: ResponseStore | None, frontend: Frontend, tenant: str,
                native: dict[str, Any], bound: StoredResponseLimits | None, size: int) -> None:
     """Refuse (``StoredResponsesFull``) a Responses request that would be stored when
     ``tenant`` is at its ``bound`` (``size``: the request's body; twice it is counted
@@ -175,10 +175,10 @@ def _past(bound: StoredResponseLimits, usage: StorageUsage, size: int) -> str | 
     return None
 
 
-async def continued(store: ResponseStore | None, frontend: Frontend, tenant: str,
+async def earlier_turns(store: ResponseStore | None, frontend: Frontend, tenant: str,
                     native: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The earlier turns a Responses request continues (None: it continues none, or names
-    something that is not a string, which ``translate`` refuses with a 400): the
+    something that is not a string, which ``to_chat`` refuses with a 400): the
     conversation of the named response's chain, read in one query."""
     previous = native.get("previous_response_id")
     if frontend.name != "responses" or not isinstance(previous, str):
@@ -203,7 +203,7 @@ async def continued(store: ResponseStore | None, frontend: Frontend, tenant: str
     return conversation(chain)
 
 
-def keeper(store: ResponseStore | None, frontend: Frontend, parsed: ParsedRequest,
+def response_saver(store: ResponseStore | None, frontend: Frontend, parsed: ParsedRequest,
            plan: Upstream | None, tenant: str, ttl_hours: float
            ) -> Callable[[bytes | None], Coroutine[Any, Any, None]] | None:
     """The save of a request's response once complete (``body``: the whole answer the client

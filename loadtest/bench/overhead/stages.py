@@ -18,13 +18,14 @@ Stages on the request's path, from its first bytes in to its last bytes out:
 =================  ============================================================================
 protocol in        ``GatewayH1Protocol.data_received`` (the head parsed) to ``Pipeline.run``
 auth               ``_authenticate`` (key -> identity; cached)
-parse              ``parse_request`` (the body into the typed request)
+parse              ``Dialect.parse`` (the body into the typed request, in its API)
 count              ``count_prompt`` (the prompt's tokens, for the estimate)
 admit, own         ``admit`` less count and reserve (the estimate, the request, the headers)
 reserve            ``RedisQuotaStore.reserve``: encode, the round trip, the reply
 forward            ``forward``: route's attempt to the backend until its answer is in
 relay, own         ``relay_response`` less meter, record and the protocol's writes
-meter              ``meter`` (tokens and cost of the answer, before its last bytes)
+meter              ``RequestMeter.measure`` (tokens and cost of the answer, before its
+                   last bytes)
 record             ``Pipeline._record``: the usage record (buffered: queued; commit: awaited)
 protocol out       ``_Exchange.send``: the head and body written to the socket
 other              the rest of the span (the pipeline between stages: route, headers, ASGI)
@@ -119,8 +120,10 @@ def _timed(profile: _Profile, stage: str, fn: Callable[..., Any]) -> Callable[..
 
 def install(profile: _Profile) -> None:
     """Wrap the stages' functions where the pipeline looks them up."""
-    from gateway import pipeline
+    from gateway.accounting.meter import RequestMeter
+    from gateway.dialects import dialect
     from gateway.http import server
+    from gateway.pipeline import run as pipeline
     from gateway.quota import admit as admit_module
     from gateway.quota.redis import RedisQuotaStore
     from gateway.telemetry.tracing import RequestTracing
@@ -155,13 +158,15 @@ def install(profile: _Profile) -> None:
     server._Exchange.send = send  # type: ignore[method-assign]
 
     pipeline._authenticate = _timed_async(profile, "auth", pipeline._authenticate)
-    pipeline.parse_request = _timed(profile, "parse", pipeline.parse_request)
+    for kind in (dialect.ChatDialect, dialect.FrontendDialect):
+        kind.parse = _timed_async(profile, "parse", kind.parse)  # type: ignore[method-assign]
     admit_module.count_prompt = _timed(profile, "count", admit_module.count_prompt)
     pipeline.admit = _timed_async(profile, "admit", pipeline.admit)
     _time_reserve(profile, RedisQuotaStore)
     pipeline.forward = _timed_async(profile, "forward", pipeline.forward)
     pipeline.relay_response = _timed_async(profile, "relay", pipeline.relay_response)
-    pipeline.meter = _timed_async(profile, "meter", pipeline.meter)
+    RequestMeter.measure = _timed_async(  # type: ignore[method-assign]
+        profile, "meter", RequestMeter.measure)
     pipeline.Pipeline._record = _timed_async(  # type: ignore[method-assign]
         profile, "record", pipeline.Pipeline._record)
     # telemetry runs after the last bytes: it is kept on the request just written

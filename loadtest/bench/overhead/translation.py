@@ -45,9 +45,10 @@ import msgspec
 from gateway.accounting import StreamScanner
 from gateway.accounting.meter import count_prompt
 from gateway.accounting.split import PromptCounter
-from gateway.dialects.chat.parse import ENDPOINTS, parse_request
+from gateway.dialects.chat.parse import parse_request
 from gateway.dialects.plan import Upstream
 from gateway.dialects.registry import FRONTENDS, parse_translated
+from gateway.dialects.shape import ENDPOINTS
 from gateway.dialects.translated_stream import TranslatingScanner
 
 from . import payloads
