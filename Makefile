@@ -1,12 +1,17 @@
 # Two commands on a fresh Debian machine with python3 (>= 3.11) and make:
 #   make demo   - install into .venv and run the gateway demo on embedded defaults
-#   make test   - install into .venv and run the whole test suite (lint, types, imports, tests)
+#   make test   - install into .venv and run the whole test suite (lint, types, imports, docs, tests)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# the documentation site (mkdocs.yml, docs/): `make docs` serves it, `make docs-build` builds it
+DOCS_ADDR ?= 127.0.0.1:8001
+SITE_DIR ?= .site
+# mkdocs-material prints a banner about MkDocs 2.0 on every run unless this is set
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
-.PHONY: demo test pytest lint schema system-deps llama-server clean bench-overhead
+.PHONY: demo test pytest lint schema system-deps llama-server clean bench-overhead docs docs-build
 
 $(BIN)/python:
 	@$(PY) -m venv $(VENV) 2>/dev/null || { \
@@ -46,9 +51,10 @@ demo: $(STAMP)
 	$(BIN)/gateway demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check gateway loadtest tests
+	$(BIN)/ruff check gateway loadtest tests docs/hooks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(MKDOCS) build --strict --site-dir $(SITE_DIR)
 
 pytest: $(STAMP) system-deps llama-server
 	$(BIN)/python -m pytest
@@ -58,8 +64,16 @@ test: lint pytest
 schema: $(STAMP)
 	$(BIN)/gateway schema -o policies/schema.json
 
+# serve the docs with live reload (DOCS_ADDR=host:port to change where)
+docs: $(STAMP)
+	$(MKDOCS) serve --dev-addr $(DOCS_ADDR)
+
+# build the docs as CI does: any warning (a broken link or anchor, a page not in nav) fails
+docs-build: $(STAMP)
+	$(MKDOCS) build --strict --site-dir $(SITE_DIR)
+
 bench-overhead: $(STAMP)
 	$(BIN)/python -m loadtest.bench.overhead
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(SITE_DIR)

@@ -52,7 +52,7 @@ prompt_tokens_total`` (which excludes cached tokens) and
 ``timings.prompt_ms`` (the prefill, without the time a request waited for a slot), p50 / mean.
 ``--sim-profile tiny-llamacpp`` runs the simulators calibrated against that engine (``--slots``
 then sets their running batch too). On a 2-core box use ``--engines 2`` and a smaller workload
-(README: "Benchmarks on llama.cpp").
+(docs/benchmarks/llamacpp.md, "Benchmarks on llama.cpp").
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ BASE_STALL = ["--stall-ms", "100"]
 
 
 def bench_policy(stable: str, canary: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The policy each scenario runs (printed into README with the chart)."""
+    """The policy each scenario runs (printed in docs/benchmarks/rollouts.md with the chart)."""
     import hashlib
 
     return {

@@ -25,7 +25,7 @@ isolation (the gateway sends ``cache_prompt: false``: no prompt reused, as the s
 ``--no-prefix-caching``). ``--sim-profile tiny-llamacpp`` runs both simulators on the profile
 calibrated against that engine, their running batches set to the same slots. The tiny engines
 need a smaller workload: ``--context-scale`` scales the trace's ContextTokens, ``--max-context``
-and ``--max-output`` cap them (README: "Benchmarks on llama.cpp").
+and ``--max-output`` cap them (docs/benchmarks/llamacpp.md, "Benchmarks on llama.cpp").
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ reserves one at a time, then their settles, each kind with ``INFO commandstats``
 it: the script's own µs per call inside Redis, beside the client's round trip.
 
 Why: the reserve is the longest stage of a request at one connection after the backend's round
-trip (see README.md, "One connection, everything on"), and this says how much of it is Redis's
+trip (see docs/benchmarks/one-connection.md), and this says how much of it is Redis's
 script rather than the wire.
 """
 

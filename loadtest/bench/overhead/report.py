@@ -16,7 +16,7 @@ MODES = ("non-stream", "stream")
 TARGETS = ("direct", "nginx", "gateway")
 TARGET_LABELS = {"direct": "direct (backend)", "nginx": "nginx hop", "gateway": "gateway"}
 
-# The gateway's overhead budget (see README.md).
+# The gateway's overhead budget (see docs/benchmarks/overhead.md).
 MAX_ADDED_P50_MS = 1.0  # at 1 connection, non-stream
 MIN_RPS_SHARE = 0.15  # of the nginx hop's req/s at 64 connections, non-stream
 MIN_STREAMS_PER_S = 1500.0  # streams of 64 chunks at 64 connections
