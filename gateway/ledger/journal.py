@@ -2,7 +2,7 @@
 
 Why: with ``commit`` a response's last bytes wait for a database round trip, the insert and
 its rollup upserts, and the database's WAL flush (0.7-1.0 ms for one record on a 2-vCPU VM,
-against 0.27 ms for a journal write: README, "One connection, everything on"); an append to a
+against 0.27 ms for a journal write: docs/benchmarks/one-connection.md); an append to a
 local file and one ``fdatasync`` (0.25-0.3 ms of that VM's disk) keeps the same promise
 against a killed process (SIGKILL, an OOM kill): no record of a response its client received
 is lost. The record also goes into the ledger's buffer and

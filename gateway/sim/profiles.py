@@ -73,7 +73,7 @@ PROFILES: dict[str, Profile] = {
     ),
     # llama.cpp's llama-server on loadtest.engines.tiny_model's default model (embedding 256,
     # 4 layers, GPT-2's 50,257-token vocabulary, f16) at -t 1, one CPU core: the engine's CPU
-    # time fitted by `python -m loadtest.bench.engine_shape` (README, "Benchmarks on llama.cpp").
+    # time fitted by `python -m loadtest.bench.engine_shape` (docs/benchmarks/llamacpp.md).
     # Unlike a GPU, the core is compute bound per sequence (the 50,257 x 256 output matrix and
     # sampling over the vocabulary): a step costs ~1.4 ms per decoding sequence over a 0.65 ms
     # base, so batching barely raises throughput, and prefill is ~0.1 ms a token (quadratic
