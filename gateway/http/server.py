@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http
 import logging
-import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -43,8 +41,15 @@ from urllib.parse import unquote
 import httptools
 
 from gateway.config.model import ClientLimits
-from gateway.errors import error_body
-from gateway.http import memdebug
+from gateway.http.head import (
+    MAX_HEAD_BYTES,
+    MAX_RAW_HEAD_BYTES,
+    HeadMeter,
+    HeadTooLarge,
+    error_response,
+)
+from gateway.http.server_exchange import _Exchange
+from gateway.http.sweeper import Sweeper, sweepers
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -63,24 +68,12 @@ __all__ = [
 
 log = logging.getLogger("gateway.http.uvicorn")
 
-#: request line + headers of one request; more gets 431 (uvicorn has no such bound)
-MAX_HEAD_BYTES = 64 * 1024
-#: raw bytes of one request head (line, headers, their separators) counted as they arrive,
-#: before the parser has reported a header: a header line still arriving is cut off here
-MAX_RAW_HEAD_BYTES = MAX_HEAD_BYTES + 4096
 #: body bytes buffered ahead of the app before reading pauses
 READ_HIGH_WATER = 1024 * 1024
 #: pipelined requests parsed ahead of the one running before reading pauses
 MAX_PIPELINE = 16
 
 _ASGI = {"version": "3.0", "spec_version": "2.4"}
-_STATUS_LINES = {
-    s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode("latin-1") for s in http.HTTPStatus
-}
-_NO_BODY_STATUS = frozenset({204, 304})
-_CHUNK_END = b"0\r\n\r\n"
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_DISCONNECT = {"type": "http.disconnect"}
 
 
 class _Detached:
@@ -90,242 +83,6 @@ class _Detached:
 #: a parser bound to no protocol, for closed connections (never fed: ``data_received``
 #: returns early once the connection is lost)
 _NO_PARSER = httptools.HttpRequestParser(_Detached())
-
-
-def _status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    return line if line is not None else f"HTTP/1.1 {status} \r\n".encode("latin-1")
-
-
-def error_response(status: int, message: str) -> bytes:
-    """A complete OpenAI-shaped error response that closes the connection."""
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    body = error_body(message, kind, None, None)
-    return (
-        _status_line(status)
-        + b"content-type: application/json\r\nconnection: close\r\ncontent-length: "
-        + str(len(body)).encode()
-        + b"\r\n\r\n"
-        + body
-    )
-
-
-class _Exchange:
-    """One request and its response on a connection."""
-
-    __slots__ = (
-        "body",
-        "body_given",
-        "body_since",
-        "buffered",
-        "chunked",
-        "complete",
-        "continue_pending",
-        "finished",
-        "head_headers",
-        "head_sent",
-        "is_head",
-        "keep_alive",
-        "proto",
-        "scope",
-        "started",
-        "status",
-        "waiter",
-    )
-
-    def __init__(self, proto: GatewayH1Protocol, scope: dict[str, Any], keep_alive: bool,
-                 expect_continue: bool) -> None:
-        self.proto = proto
-        self.scope = scope
-        self.keep_alive = keep_alive
-        self.continue_pending = expect_continue
-        self.is_head = scope["method"] == "HEAD"
-        self.body: list[bytes] = []
-        self.buffered = 0
-        self.body_given = False
-        self.complete = False
-        self.waiter: asyncio.Future[None] | None = None
-        self.started = False
-        self.head_sent = False
-        self.finished = False
-        self.chunked = False
-        self.status = 0
-        self.head_headers: Any = ()
-        self.body_since = proto.loop.time()  # for the body timeout; reset while reads pause
-
-    def wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def receive(self) -> dict[str, Any]:
-        """ASGI ``receive``: body parts as they come, then ``http.disconnect`` once the client
-        leaves or the response is complete (as uvicorn does)."""
-        proto = self.proto
-        while True:
-            if proto.lost or self.finished:
-                return _DISCONNECT
-            if proto.read_paused and proto.active is self:
-                proto.resume_reading()  # the app is reading: whatever was buffered is taken
-            if self.body or (self.complete and not self.body_given):
-                parts = self.body
-                data = b"".join(parts) if len(parts) != 1 else parts[0]
-                self.body = []
-                self.buffered = 0
-                more = not self.complete
-                self.body_given = not more
-                return {"type": "http.request", "body": data, "more_body": more}
-            if self.continue_pending:
-                self.continue_pending = False
-                proto.transport.write(_CONTINUE)
-            waiter = self.waiter = proto.loop.create_future()
-            await waiter
-
-    async def send(self, message: dict[str, Any]) -> None:
-        """ASGI ``send``: the head is held until the first body part so both go in one write."""
-        proto = self.proto
-        kind = message["type"]
-        if kind == "http.response.start":
-            if self.started:
-                raise RuntimeError("http.response.start sent twice")
-            self.started = True
-            self.continue_pending = False
-            self.status = message["status"]
-            self.head_headers = message.get("headers", ())
-            return
-        if kind != "http.response.body":
-            raise RuntimeError(f"unexpected ASGI message {kind!r}")
-        if not self.started:
-            raise RuntimeError("http.response.body before http.response.start")
-        if self.finished:
-            raise RuntimeError("http.response.body after the response was complete")
-        if proto.write_paused and not proto.lost:
-            await proto.drain()
-        body: bytes = message.get("body", b"")
-        more: bool = message.get("more_body", False)
-        if not more:
-            self.finished = True
-        if proto.lost:
-            if not more:
-                proto.exchange_done(self)
-            return
-        out = self._head(body, more) if not self.head_sent else b""
-        if body and not self.is_head:
-            if self.chunked:
-                out += b"%x\r\n" % len(body) + body + b"\r\n"
-            else:
-                out += body
-        if not more and self.chunked:
-            out += _CHUNK_END
-        if out:
-            proto.transport.write(out)
-        if not more:
-            proto.exchange_done(self)
-
-    def _head(self, body: bytes, more: bool) -> bytes:
-        self.head_sent = True
-        status = self.status
-        proto = self.proto
-        parts = [_status_line(status), proto.default_head()]
-        has_length = False
-        for name, value in self.head_headers:
-            low = name.lower()
-            if low == b"content-length":
-                has_length = True
-            elif low == b"transfer-encoding" or low == b"connection":
-                continue  # framing and connection management are this protocol's job
-            parts.append(name + b": " + value + b"\r\n")
-        if status in _NO_BODY_STATUS or status < 200:
-            pass
-        elif not has_length:
-            if more:
-                self.chunked = True
-                parts.append(b"transfer-encoding: chunked\r\n")
-            else:
-                parts.append(b"content-length: " + str(len(body)).encode() + b"\r\n")
-        if not self.keep_alive or proto.closing:
-            self.keep_alive = False
-            parts.append(b"connection: close\r\n")
-        parts.append(b"\r\n")
-        return b"".join(parts)
-
-
-class _Sweeper:
-    """Closes connections idle past the keep-alive timeout, or slow to send their head or body;
-    one task per process, so a request never sets or cancels a timer of its own."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, limits: ClientLimits) -> None:
-        self.connections: weakref.WeakSet[GatewayH1Protocol] = weakref.WeakSet()
-        self.interval = 1.0
-        self.limits = limits
-        self.task = loop.create_task(self._run(loop))
-        self.fit(limits)
-        memdebug.install(loop)  # nothing unless GATEWAY_MEMDEBUG is set
-
-    def fit(self, limits: ClientLimits) -> None:
-        """Sweep often enough for the shortest timeout of ``limits`` (about half of it)."""
-        shortest = min(limits.keep_alive_timeout, limits.header_timeout, limits.body_timeout)
-        self.interval = min(self.interval, max(0.05, shortest / 2))
-
-    async def _run(self, loop: asyncio.AbstractEventLoop) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            now = loop.time()
-            for conn in list(self.connections):
-                conn.check_idle(now)
-
-
-_sweepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-class HeadMeter:
-    """Counts the raw bytes of a request head as they arrive, for both server protocols.
-
-    httptools reports a header only once its line is complete, and until then copies the
-    growing line at each read (quadratic): a 50 MiB header line cost seconds of CPU and the
-    memory of several copies before a cap on reported headers could act. The protocol feeds
-    the parser through :meth:`feed`, which counts bytes while a head is being read and feeds
-    at most the bytes left under :data:`MAX_RAW_HEAD_BYTES`; when the head is still not
-    complete there, it raises :class:`HeadTooLarge` (431). ``head_done`` and ``message_done``
-    are called from the parser's ``on_headers_complete`` and ``on_message_complete``.
-
-    Bytes after a body in the same read begin the next head uncounted, so one head may exceed
-    the cap by at most one read (64-256 KiB); the reported-header cap still holds for those.
-    """
-
-    __slots__ = ("in_head", "seen")
-
-    def __init__(self) -> None:
-        self.in_head = True
-        self.seen = 0
-
-    def feed(self, feed_data: Callable[[Any], None], data: bytes) -> None:
-        """Feed ``data`` to the parser, at most up to the head cap while a head is read."""
-        if not self.in_head:
-            feed_data(data)
-            return
-        room = MAX_RAW_HEAD_BYTES - self.seen
-        if len(data) <= room:
-            self.seen += len(data)
-            feed_data(data)
-            return
-        view = memoryview(data)
-        self.seen = MAX_RAW_HEAD_BYTES
-        feed_data(view[:room])
-        if self.in_head:
-            raise HeadTooLarge(431, "request headers too large")
-        feed_data(view[room:])  # the head ended within the cap: the rest is body and beyond
-
-    def head_done(self) -> None:
-        self.in_head = False
-
-    def message_done(self) -> None:
-        self.in_head = True
-        self.seen = 0
 
 
 class GatewayH1Protocol(asyncio.Protocol):
@@ -377,9 +134,9 @@ class GatewayH1Protocol(asyncio.Protocol):
         self.idle_since = 0.0  # when the connection last became idle (no request under way)
         self._date_src: object = None
         self._date_head = b""
-        sweeper = _sweepers.get(self.loop)
+        sweeper = sweepers.get(self.loop)
         if sweeper is None or sweeper.task.done():
-            sweeper = _sweepers[self.loop] = _Sweeper(self.loop, self.limits)
+            sweeper = sweepers[self.loop] = Sweeper(self.loop, self.limits)
         elif self.limits is not sweeper.limits:
             sweeper.fit(self.limits)
         self._sweeper = sweeper
@@ -683,13 +440,4 @@ class GatewayH1Protocol(asyncio.Protocol):
         if self._pipeline:
             self._start(self._pipeline.popleft())
         self.resume_reading()
-
-
-class HeadTooLarge(Exception):
-    """A request head over its cap (raised from a parser callback or :class:`HeadMeter`)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 

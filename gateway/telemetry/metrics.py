@@ -36,6 +36,7 @@ choice when ``/metrics`` has no token, ``GATEWAY_METRICS_TOKEN`` unset) every te
 reads ``*`` (all tenants summed), so an open scrape shows neither tenant names nor their spend.
 """
 
+
 from __future__ import annotations
 
 import os
@@ -46,15 +47,24 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
-    Counter,
     Gauge,
-    Histogram,
     ProcessCollector,
     disable_created_metrics,
     generate_latest,
     values,
 )
 from prometheus_client import multiprocess as _mp
+
+from gateway.telemetry.families import (
+    DURATION_BUCKETS,
+    QUEUE_BUCKETS,
+    RATIO_BUCKETS,
+    SIMILARITY_BUCKETS,
+    TPOT_BUCKETS,
+    TTFT_BUCKETS,
+    MetricFamilies,
+)
+from gateway.telemetry.pending import Bound, Dispatched, observe
 
 if TYPE_CHECKING:
     from gateway.telemetry.types import ContextView, UsageView
@@ -71,26 +81,6 @@ __all__ = [
     "mark_process_dead",
 ]
 
-#: time to first token, seconds: 10 ms (cache hit, tiny prompt) to a minute (long prefill, queued)
-TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0,
-                20.0, 30.0, 60.0)
-#: time per output token, seconds: 1 ms (small model, big GPU) to 1 s (overloaded)
-TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
-                0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
-#: whole request, seconds: embeddings in tens of ms to long generations over minutes
-DURATION_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0,
-                    300.0, 600.0)
-#: ROUGE-1 F of a shadow answer and the primary's
-SIMILARITY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
-#: shadow / primary latency: a quarter as long to four times as long
-RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0)
-#: waiting for a backend slot, seconds
-QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-_ROUTE = ("model", "pool", "class")
-#: a request's series also name the client API it spoke (chat, completions, embeddings,
-#: responses, messages): the same model answers several, at different costs (translation)
-_SERIES = (*_ROUTE, "api")
 _APIS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
@@ -111,134 +101,11 @@ def mark_process_dead(pid: int) -> None:
         _mp.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
 
-def _observe(hist: _Hist, value: float) -> None:
-    hist.counts[bisect_left(hist.bounds, value)] += 1  # first bound >= value: Prometheus' le
-    hist.sum += value
+class Metrics(MetricFamilies):
+    """The gateway's metric families, on a registry of its own (never the global one).
 
-
-class _Hist:
-    """Bucket counts and sum gathered since the last flush, for one histogram child.
-
-    The child is made at the first flush with something to add: a label set that never saw a
-    value (the TTFT of a 401 that has no model, pool or class) exports no all-zero series.
-    """
-
-    __slots__ = ("bounds", "child", "counts", "family", "labels", "sum")
-
-    def __init__(self, family: Histogram, labels: tuple[str, ...],
-                 bounds: tuple[float, ...]) -> None:
-        self.family, self.labels, self.bounds = family, labels, bounds
-        self.child: Any = None
-        self.counts = [0] * (len(bounds) + 1)  # the last is +Inf
-        self.sum = 0.0
-
-    def flush(self) -> None:
-        if not any(self.counts):
-            return
-        if self.child is None:
-            self.child = self.family.labels(*self.labels)
-        # prometheus_client has no bulk observe: add to its per-bucket values (non-cumulative
-        # in both single and multiprocess mode; cumulated at collection) and to its sum
-        buckets = self.child._buckets
-        for i, n in enumerate(self.counts):
-            if n:
-                buckets[i].inc(n)
-                self.counts[i] = 0
-        if self.sum:
-            self.child._sum.inc(self.sum)
-            self.sum = 0.0
-
-
-class _Bound:
-    """One label set's counts since the last flush, and its children once they have any.
-
-    Per request the hot path adds to plain ints and keeps the request's usage for the flush to
-    add up (~1.5 µs for all of a request's metrics); :meth:`flush` moves the sums into
-    prometheus_client (~0.3-0.8 µs per value, paid once per label set per flush instead of per
-    request). A child is bound the first time it has something to add, so no series is
-    exported at zero (retries, tokens, TTFT of a request that had none).
-    """
-
-    __slots__ = ("duration", "failover_child", "failovers", "metrics", "request_child",
-                 "requests", "retries", "retry_child", "route", "tenant", "token_children",
-                 "tpot", "ttft", "usages")
-
-    def __init__(self, m: Metrics, model: str, pool: str, cls: str, status: str,
-                 tenant: tuple[str, ...], api: str) -> None:
-        route = (model, pool, cls, api)
-        self.metrics, self.route, self.tenant = m, route, tenant
-        self.request_child = m.requests.labels(*route, status, *tenant)
-        self.retry_child: Any = None
-        self.failover_child: Any = None
-        self.token_children: list[Any] = [None] * len(_KINDS)
-        self.duration = _Hist(m.duration, route, DURATION_BUCKETS)
-        self.ttft = _Hist(m.ttft, route, TTFT_BUCKETS)
-        self.tpot = _Hist(m.tpot, route, TPOT_BUCKETS)
-        self.requests = self.retries = self.failovers = 0
-        self.usages: list[UsageView] = []  # since the last flush; summed there, not per request
-
-    def flush(self) -> None:
-        m = self.metrics
-        if self.requests:
-            self.request_child.inc(self.requests)
-            self.requests = 0
-        if self.retries:
-            if self.retry_child is None:
-                self.retry_child = m.retries.labels(*self.route)
-            self.retry_child.inc(self.retries)
-            self.retries = 0
-        if self.failovers:
-            if self.failover_child is None:
-                self.failover_child = m.failovers.labels(*self.route)
-            self.failover_child.inc(self.failovers)
-            self.failovers = 0
-        if self.usages:
-            usages, self.usages = self.usages, []
-            prompt = system = history = new = tools = cached = output = 0
-            for u in usages:
-                prompt += u.prompt_total
-                system += u.system
-                history += u.history
-                new += u.new
-                tools += u.tools
-                cached += u.cached
-                output += u.output
-            children = self.token_children
-            for i, n in enumerate((prompt, system, history, new, tools, cached, output)):
-                if n:
-                    if children[i] is None:
-                        children[i] = m.tokens.labels(*self.route, _KINDS[i], *self.tenant)
-                    children[i].inc(n)
-        self.duration.flush()
-        self.ttft.flush()
-        self.tpot.flush()
-
-
-_KINDS = ("input", "system", "history", "new", "tools", "cached", "output")
-
-
-class _Dispatched:
-    """One (pool, tenant)'s queue waits and dispatched tokens since the last flush."""
-
-    __slots__ = ("labels", "metrics", "token_child", "tokens", "wait")
-
-    def __init__(self, m: Metrics, pool: str, tenant: str) -> None:
-        self.metrics, self.labels = m, (pool, tenant)
-        self.wait = _Hist(m.tenant_queue_wait, self.labels, QUEUE_BUCKETS)
-        self.tokens = 0
-        self.token_child: Any = None
-
-    def flush(self) -> None:
-        self.wait.flush()
-        if self.tokens:
-            if self.token_child is None:
-                self.token_child = self.metrics.tenant_tokens.labels(*self.labels)
-            self.token_child.inc(self.tokens)
-            self.tokens = 0
-
-
-class Metrics:
-    """The gateway's metric families, on a registry of its own (never the global one)."""
+    The families are declared by :class:`~gateway.telemetry.families.MetricFamilies`; the
+    counts gathered between flushes are :mod:`gateway.telemetry.pending`'s."""
 
     def __init__(self, *, enabled: bool = True, tenant_label: bool = False,
                  tenant_cap: int = 100, flush_interval: float = 1.0,
@@ -252,8 +119,8 @@ class Metrics:
             # prometheus_client picks its value class at import; the variable came later
             values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
         self._tenants: dict[str, str] = {}
-        self._bound: dict[tuple[Any, ...], _Bound] = {}
-        self._dispatched: dict[tuple[str, str], _Dispatched] = {}
+        self._bound: dict[tuple[Any, ...], Bound] = {}
+        self._dispatched: dict[tuple[str, str], Dispatched] = {}
         self._spend_pending: dict[tuple[str, str], int] = {}  # micro-units, not yet flushed
         self.flush_interval = flush_interval
         self._next_flush = time.monotonic() + flush_interval
@@ -263,139 +130,6 @@ class Metrics:
         # process_resident_memory_bytes and friends, so soak runs can watch for leaks
         ProcessCollector(registry=self.registry)
         self._declare(tuple(["tenant"] if tenant_label else []))
-
-    def _declare(self, tenant: tuple[str, ...]) -> None:
-        r = self.registry
-        self.requests = Counter("gateway_requests", "Requests answered, by HTTP status.",
-                                [*_SERIES, "status", *tenant], registry=r)
-        self.tokens = Counter("gateway_tokens", "Tokens by kind: input = system + history + "
-                              "new + tools; cached is a subset of input.",
-                              [*_SERIES, "kind", *tenant], registry=r)
-        self.retries = Counter("gateway_retries", "Upstream attempts after the first.",
-                               _SERIES, registry=r)
-        self.failovers = Counter("gateway_failovers", "Moves to a fallback pool.", _SERIES,
-                                 registry=r)
-        self.spend = Counter("gateway_spend", "Cost charged, in currency units.",
-                             ["tenant", "model"], registry=r)
-        self.ejections = Counter("gateway_ejections", "Backends ejected from their pool.",
-                                 ["pool", "backend"], registry=r)
-        self.usage_rejections = Counter(
-            "gateway_backend_usage_rejected", "Answers whose usage figures were not believed "
-            "(billed at the gateway's own estimate instead), by backend and reason: missing, "
-            "null, not_integer, negative, too_large, malformed.",
-            ["pool", "backend", "reason"], registry=r)
-        self.client_stalls = Counter("gateway_client_stalls", "Responses cut off because the "
-                                     "client read nothing for timeouts.client_stall (backend "
-                                     "connection closed, slot released).", ["pool"], registry=r)
-        self.continuations = Counter(
-            "gateway_stream_continuations", "Streams broken after their first byte, by pool "
-            "and what followed: continued (on another backend), refused (continuation off, "
-            "past its bounds, or a stream it cannot continue), failed (no backend took it).",
-            ["pool", "outcome"], registry=r)
-        self.quota_rejections = Counter("gateway_quota_rejections",
-                                        "Requests refused by a quota limit.",
-                                        ["limit", *tenant], registry=r)
-        self.budget_alerts = Counter("gateway_budget_alerts",
-                                     "Budget threshold alerts fired (once per budget, period "
-                                     "and threshold across replicas).", ["level", "threshold"],
-                                     registry=r)
-        self.budget_webhooks = Counter("gateway_budget_alert_webhooks",
-                                       "Budget alert webhook deliveries by outcome (delivered, "
-                                       "retried, failed, dropped).", ["outcome"], registry=r)
-        self.shed = Counter("gateway_shed", "Requests refused at once because their pool "
-                            "predicted they would start too late (load shedding), by reason: "
-                            "deadline, priority.", [*_ROUTE, "reason"], registry=r)
-        self.shadow_requests = Counter("gateway_shadow_requests",
-                                       "Shadow (mirrored) requests, by outcome.", ["status"],
-                                       registry=r)
-        self.rollout_step = Gauge("gateway_rollout_step", "A progressive canary's share of "
-                                  "its model's traffic, percent (0 after a rollback or abort, "
-                                  "100 once promoted).", ["model", "version"],
-                                  multiprocess_mode="livemax", registry=r)
-        self.rollout_transitions = Counter("gateway_rollout_transitions",
-                                           "Rollout transitions, by reason (started, advanced, "
-                                           "promoted, gate:<name>, operator:<action>, "
-                                           "definition_changed).",
-                                           ["model", "version", "reason"], registry=r)
-        self.shadow_compared_total = Counter(
-            "gateway_shadow_compared", "Shadow answers compared with the primary's, by outcome "
-            "(agree, disagree, error: either side not a complete 2xx answer).",
-            ["model", "version", "outcome"], registry=r)
-        self.shadow_similarity = Histogram(
-            "gateway_shadow_similarity", "ROUGE-1 F of a shadow answer and the primary's "
-            "(1: the same words).", ["model", "version"], buckets=SIMILARITY_BUCKETS,
-            registry=r)
-        self.shadow_latency_ratio = Histogram(
-            "gateway_shadow_latency_ratio", "Shadow / primary latency of one mirrored request "
-            "(kind: ttft, duration).", ["model", "version", "kind"],
-            buckets=RATIO_BUCKETS, registry=r)
-        self.ttft = Histogram("gateway_ttft_seconds", "Time to first token (streams).",
-                              _SERIES, buckets=TTFT_BUCKETS, registry=r)
-        self.tpot = Histogram("gateway_tpot_seconds", "Time per output token after the first "
-                              "(streams).", _SERIES, buckets=TPOT_BUCKETS, registry=r)
-        self.duration = Histogram("gateway_request_duration_seconds", "End-to-end latency.",
-                                  _SERIES, buckets=DURATION_BUCKETS, registry=r)
-        self.queue_wait = Histogram("gateway_queue_wait_seconds",
-                                    "Time waiting for a backend slot.", _ROUTE,
-                                    buckets=QUEUE_BUCKETS, registry=r)
-        self.tenant_queue_wait = Histogram(
-            "gateway_tenant_queue_wait_seconds", "Time a request waited for a backend slot of "
-            "its pool (0 when one was free), by tenant.", ["pool", "tenant"],
-            buckets=QUEUE_BUCKETS, registry=r)
-        self.tenant_tokens = Counter(
-            "gateway_tenant_dispatched_tokens", "Estimated prompt + output tokens handed to a "
-            "pool's backends, by tenant (each attempt): the share of the pool each is served.",
-            ["pool", "tenant"], registry=r)
-        self.inflight = Gauge("gateway_inflight", "Requests in flight per backend.",
-                              ["pool", "backend"], multiprocess_mode="livesum", registry=r)
-        self.backend_healthy = Gauge("gateway_backend_healthy", "1 if the backend takes "
-                                     "traffic, 0 if ejected.", ["pool", "backend"],
-                                     multiprocess_mode="livemin", registry=r)
-        self.signals_missing = Gauge(
-            "gateway_engine_signals_missing", "1 if the backend's last metrics scrape (pool "
-            "signals) held none of its engine's metric names, so its queue and KV cache are "
-            "not read.", ["pool", "backend"], multiprocess_mode="livemax", registry=r)
-        self.queue_depth = Gauge("gateway_queue_depth", "Requests waiting for a backend slot.",
-                                 ["pool"], multiprocess_mode="livesum", registry=r)
-        self.headroom_in_use = Gauge(
-            "gateway_pool_headroom_in_use", "Slots in use above the backends' max_in_flight: "
-            "fair_headroom taken by tenants below their share of the pool.", ["pool"],
-            multiprocess_mode="livesum", registry=r)
-        self.headroom_started = Counter(
-            "gateway_pool_headroom_dispatches", "Requests started on a pool's fair_headroom "
-            "(their tenant below its share, every slot busy).", ["pool"], registry=r)
-        # made on first report: an unlabelled gauge exists (as 0) from creation, which would
-        # read "Redis down" for a gateway without Redis, or before its first check
-        self.redis_up: Gauge | None = None
-        self.ledger_pending = Gauge("gateway_ledger_pending", "Usage records written but not "
-                                    "yet durable.", multiprocess_mode="livesum", registry=r)
-        self.ledger_spool = Gauge("gateway_ledger_spool_segments", "Spool files waiting for "
-                                  "the ledger database (0 when it keeps up).",
-                                  multiprocess_mode="livemax", registry=r)
-        self.ledger_records = Gauge("gateway_ledger_records", "Usage records since start, by "
-                                    "what became of them: stored, duplicate (a replay), spooled "
-                                    "(the database was away), replayed, unparseable (spool lines "
-                                    "a replay skipped).", ["outcome"],
-                                    multiprocess_mode="livesum", registry=r)
-        self.ledger_lag = Gauge("gateway_ledger_commit_lag_seconds", "Longest wait from a "
-                                "record's write to its commit since the last report.",
-                                multiprocess_mode="livemax", registry=r)
-        self.ledger_journaled = Gauge("gateway_ledger_journal_records", "Usage records durable "
-                                      "in the local journal (ledger_durability: journal) and "
-                                      "not yet in the database.",
-                                      multiprocess_mode="livesum", registry=r)
-        self.ledger_durable = Gauge("gateway_ledger_durable", "1 while usage records can be "
-                                    "made durable (committed or spooled), 0 while both fail "
-                                    "(/readyz answers 503 then).",
-                                    multiprocess_mode="livemin", registry=r)
-        self.ledger_database_up = Gauge("gateway_ledger_database_up", "1 while flushes go to "
-                                        "the ledger database, 0 while they go to the spool "
-                                        "(probed in the background).",
-                                        multiprocess_mode="livemin", registry=r)
-        self.ledger_journal_failed = Gauge("gateway_ledger_journal_failed", "1 once the local "
-                                           "journal failed to write: responses then wait for "
-                                           "the database's commit.",
-                                           multiprocess_mode="livemax", registry=r)
 
     def __repr__(self) -> str:
         mode = "multiprocess" if self.multiprocess else "single"
@@ -453,10 +187,10 @@ class Metrics:
             hist.sum += value
         first = ctx.first_token_ns
         if ctx.stream and first is not None:
-            _observe(bound.ttft, (first - started) / 1e9)
+            observe(bound.ttft, (first - started) / 1e9)
             out = usage.output if usage is not None else 0
             if out > 1 and ctx.last_chunk_ns is not None:
-                _observe(bound.tpot, (ctx.last_chunk_ns - first) / 1e9 / (out - 1))
+                observe(bound.tpot, (ctx.last_chunk_ns - first) / 1e9 / (out - 1))
         if ctx.attempts > 1:
             bound.retries += ctx.attempts - 1
         if ctx.failovers:
@@ -481,8 +215,8 @@ class Metrics:
             if len(self._dispatched) >= _CACHE_LIMIT:
                 self.flush()
                 self._dispatched.clear()
-            entry = self._dispatched[key] = _Dispatched(self, *key)
-        _observe(entry.wait, waited_s)
+            entry = self._dispatched[key] = Dispatched(self, *key)
+        observe(entry.wait, waited_s)
         entry.tokens += tokens
 
     def flush_due(self) -> None:
@@ -492,12 +226,12 @@ class Metrics:
             self._next_flush = now + self.flush_interval
             self.flush()
 
-    def _bind(self, key: tuple[Any, ...]) -> _Bound:
+    def _bind(self, key: tuple[Any, ...]) -> Bound:
         if len(self._bound) >= _CACHE_LIMIT:
             self.flush()
             self._bound.clear()
         model, pool, cls, status, label, endpoint = key
-        bound = _Bound(self, model or "", pool or "", cls or "", str(status),
+        bound = Bound(self, model or "", pool or "", cls or "", str(status),
                        (label,) if self.tenant_label else (), _APIS.get(endpoint, ""))
         self._bound[key] = bound
         return bound
