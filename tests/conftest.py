@@ -1,10 +1,12 @@
 """Shared fixtures: a simulated interactive pool and a real gateway process in front of it;
-our own redis-server, Redis Cluster and PostgreSQL."""
+our own redis-server, Redis Cluster and PostgreSQL. And the ``process`` marker's hooks
+(``tests/process_marker.py``): a test that uses a fixture marked ``@starts_process`` gets the
+marker before ``-m`` selects, and an unmarked test that starts a process fails."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,25 @@ import pytest
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 from tests.ledger.postgres import PostgresNotFound, PostgresServer
+from tests.process_marker import mark_process_items, starts_process, unmarked_processes
 from tests.redis_servers import RedisCluster3, RedisProc
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    mark_process_items(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    with unmarked_processes(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    with unmarked_processes(item):
+        return (yield)
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +43,7 @@ def sim() -> Iterator[SimServer]:
 
 
 @pytest.fixture(scope="session", params=["native", "aiohttp"])
+@starts_process
 def gateway(
     sim: SimServer, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[GatewayProcess]:
@@ -41,6 +62,7 @@ def api_key() -> str:
 
 
 @pytest.fixture(scope="session")
+@starts_process
 def redis_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProc]:
     """A redis-server shared by the session (tests use their own tenant ids)."""
     proc = RedisProc(tmp_path_factory.mktemp("redis")).start()
@@ -48,7 +70,24 @@ def redis_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProc]:
     proc.stop()
 
 
+@pytest.fixture()
+@starts_process
+def own_redis(tmp_path: Path) -> Iterator[RedisProc]:
+    """A redis-server of this test's own, which it may stop, kill, freeze and restart."""
+    proc = RedisProc(tmp_path).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture()
+def gateway_redis(own_redis: RedisProc, monkeypatch: pytest.MonkeyPatch) -> RedisProc:
+    """``own_redis``, named in ``GATEWAY_REDIS_URL`` for the gateways the test starts."""
+    monkeypatch.setenv("GATEWAY_REDIS_URL", own_redis.url)
+    return own_redis
+
+
 @pytest.fixture(scope="session")
+@starts_process
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster3]:
     cluster = RedisCluster3(tmp_path_factory.mktemp("cluster")).start()
     yield cluster
@@ -73,6 +112,7 @@ def _postgres_server() -> PostgresServer:
 
 
 @pytest.fixture(scope="session")
+@starts_process
 def postgres_server() -> Iterator[PostgresServer]:
     """One PostgreSQL for the session; tests get their own database from ``postgres_url``."""
     server = _postgres_server()
@@ -94,6 +134,7 @@ def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
 
 
 @pytest.fixture()
+@starts_process
 def own_postgres() -> Iterator[PostgresServer]:
     """A PostgreSQL this test may stop, kill and restart (same port, same data)."""
     server = _postgres_server()

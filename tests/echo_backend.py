@@ -11,7 +11,7 @@ import threading
 
 from aiohttp import web
 
-from tests.helpers import free_port
+from tests.ports import free_port
 
 
 class EchoBackend:

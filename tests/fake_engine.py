@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.helpers import free_port
+from tests.ports import free_port
 
 __all__ = ["OVERFLOW", "Engine", "FakeEngines"]
 

@@ -1,17 +1,18 @@
-"""Test helpers: free ports, waiting for servers, and a real ``gateway serve`` process."""
+"""Test helpers: waiting for servers, a real ``gateway serve`` process and simulator processes,
+the usage records a gateway exports (free ports: ``tests/ports.py``)."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +20,12 @@ import httpx
 import pytest
 import yaml
 
+from gateway.sim.server import spawn
+from tests.ports import free_port, free_ports
+
 TEST_KEY = "sk-gw-test-0123456789abcdef0123456789abcdef0123"
 TEST_KEY_SHA = hashlib.sha256(TEST_KEY.encode()).hexdigest()
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def wait_http(
@@ -48,6 +45,28 @@ def wait_http(
             last = exc
         time.sleep(0.05)
     raise TimeoutError(f"{url} not up: {last!r}")
+
+
+def usage_records(url: str, admin_token: str) -> list[dict[str, Any]]:
+    """The usage records of the last hour (and the next minute) from the admin export of the
+    gateway at ``url``, in the export's order."""
+    now = int(time.time() * 1000)
+    r = httpx.get(url + "/admin/usage/export", headers={"Authorization": f"Bearer {admin_token}"},
+                  params={"start_ms": now - 3_600_000, "end_ms": now + 60_000}, timeout=30)
+    assert r.status_code == 200, r.text
+    return [json.loads(line) for line in r.text.splitlines() if line.strip()]
+
+
+def wait_usage_records(url: str, admin_token: str, enough: Callable[[list[dict[str, Any]]], bool],
+                       within: float, every: float = 0.1) -> list[dict[str, Any]]:
+    """``usage_records``, asked again until ``enough(records)`` (a record may reach the ledger
+    just after its answer ends) or for ``within`` seconds; then the last answer."""
+    deadline = time.monotonic() + within
+    while True:
+        records = usage_records(url, admin_token)
+        if enough(records) or time.monotonic() > deadline:
+            return records
+        time.sleep(every)
 
 
 def policy(backends: dict[str, list[str]], **server: Any) -> dict[str, Any]:
@@ -140,6 +159,63 @@ class GatewayProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class SimProcess:
+    """``python -m gateway.sim`` in a child process on a free port (no GIL shared with the test or
+    the other simulators); ``url``, ``proc``. ``with SimProcess("batch", "--jitter", "0") as
+    sim:`` starts it and waits for its ``/health``; the exit kills it (SIGKILL)."""
+
+    def __init__(self, profile: str = "interactive", *args: str, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.profile, self.args = profile, args
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> SimProcess:
+        """Starts the process; does not wait (``wait_ready``)."""
+        self.proc = spawn(self.port, self.profile, *self.args)
+        return self
+
+    def wait_ready(self) -> SimProcess:
+        wait_http(self.url + "/health", proc=self.proc)
+        return self
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> SimProcess:
+        try:
+            return self.start().wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def sim_processes(n: int, profile: str = "interactive", *args: str) -> Iterator[list[SimProcess]]:
+    """``n`` simulator processes on distinct free ports, started together, each up (``/health``)
+    before the block runs; all killed after it."""
+    sims = [SimProcess(profile, *args, port=port) for port in free_ports(n)]
+    try:
+        for sim in sims:
+            sim.start()
+        for sim in sims:
+            sim.wait_ready()
+        yield sims
+    finally:
+        for sim in sims:
+            sim.stop()
 
 
 @contextlib.contextmanager

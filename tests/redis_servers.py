@@ -7,31 +7,30 @@ half of the promise; the ledger's half is what these tests are about).
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["RedisCluster3", "RedisProc", "free_port"]
+from tests.ports import free_port, free_ports
+
+__all__ = ["RedisCluster3", "RedisProc", "ping_until_up"]
 
 REDIS_SERVER = "/usr/bin/redis-server"
 REDIS_CLI = "/usr/bin/redis-cli"
+CLUSTER_BUS_OFFSET = 10000  # a cluster node's bus port is its client port + 10000
 
 
-def free_port(*, bus: bool = False) -> int:
-    """A free loopback port (and, for cluster nodes, a free bus port at +10000)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if not bus:
-            return port
-        if port < 55000:
-            with socket.socket() as s, contextlib.suppress(OSError):
-                s.bind(("127.0.0.1", port + 10000))
-                return port
+def ping_until_up(cli_args: list[str], timeout: float = 10.0) -> bool:
+    """Asks ``redis-cli <cli_args> PING`` until the answer is PONG (True) or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run([REDIS_CLI, *cli_args, "PING"], capture_output=True, text=True,
+                             timeout=5)
+        if out.stdout.strip() == "PONG":
+            return True
+        time.sleep(0.02)
+    return False
 
 
 class RedisProc:
@@ -48,7 +47,7 @@ class RedisProc:
         self.dir = directory
         self.cluster = cluster
         self.durable = durable
-        self.port = port or free_port(bus=cluster)
+        self.port = port or free_port(bus_offset=CLUSTER_BUS_OFFSET if cluster else None)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -70,12 +69,8 @@ class RedisProc:
         return self
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.cli("PING").strip() == "PONG":
-                return
-            time.sleep(0.02)
-        raise RuntimeError(f"redis-server on {self.port} did not start")
+        if not ping_until_up(["-p", str(self.port)], timeout):
+            raise RuntimeError(f"redis-server on {self.port} did not start")
 
     def cli(self, *args: str) -> str:
         out = subprocess.run(
@@ -103,7 +98,8 @@ class RedisCluster3:
     """Three masters, no replicas, every slot covered."""
 
     def __init__(self, directory: Path) -> None:
-        self.nodes = [RedisProc(directory, cluster=True) for _ in range(3)]
+        ports = free_ports(3, bus_offset=CLUSTER_BUS_OFFSET)
+        self.nodes = [RedisProc(directory, port=port, cluster=True) for port in ports]
 
     @property
     def url(self) -> str:

@@ -23,6 +23,7 @@ from tests.agents.harness import (
 )
 from tests.agents.proxy import RecordingProxy
 from tests.helpers import GatewayProcess
+from tests.process_marker import starts_process
 
 _found: dict[str, Installed] | None = None
 _install_log = ""
@@ -42,6 +43,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
+@starts_process
 def installed() -> dict[str, Installed]:
     return _agents(install=must_install())
 
@@ -59,6 +61,7 @@ def binary(agent: str, installed: dict[str, Installed]) -> Path:
 
 
 @pytest.fixture(scope="module")
+@starts_process
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     with demo_gateway(tmp_path_factory.mktemp("agents-gateway")) as gw:
         yield gw

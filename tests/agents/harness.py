@@ -33,7 +33,7 @@ import httpx
 from gateway.cli.demo import demo_policy
 from gateway.sim.server import SimServer
 from tests.agents.proxy import Exchange, RecordingProxy
-from tests.helpers import REPO, TEST_KEY_SHA, GatewayProcess
+from tests.helpers import REPO, TEST_KEY_SHA, GatewayProcess, wait_usage_records
 
 INSTALL_SCRIPT = REPO / "deploy" / "agents" / "install-agents.sh"
 ADMIN_TOKEN = "admin-agents-e2e"
@@ -112,22 +112,10 @@ def usage_records(gw: GatewayProcess, request_ids: set[str], timeout: float = 15
                   ) -> dict[str, dict[str, Any]]:
     """The usage records of ``request_ids`` from the admin export; polled until all are there
     (a record may reach the ledger just after its answer) or ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        now = int(time.time() * 1000)
-        r = httpx.get(gw.url + "/admin/usage/export", timeout=10,
-                      headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-                      params={"start_ms": now - 3_600_000, "end_ms": now + 60_000})
-        assert r.status_code == 200, r.text
-        found: dict[str, dict[str, Any]] = {}
-        for line in r.text.splitlines():
-            if line.strip():
-                row = json.loads(line)
-                if row.get("request_id") in request_ids:
-                    found[row["request_id"]] = row
-        if set(found) >= request_ids or time.monotonic() > deadline:
-            return found
-        time.sleep(0.2)
+    rows = wait_usage_records(
+        gw.url, ADMIN_TOKEN, lambda rows: {row.get("request_id") for row in rows} >= request_ids,
+        within=timeout, every=0.2)
+    return {row["request_id"]: row for row in rows if row.get("request_id") in request_ids}
 
 
 # --- each agent: how it is pointed at the gateway ------------------------------------------

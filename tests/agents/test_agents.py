@@ -45,7 +45,7 @@ from tests.agents.harness import (
 from tests.agents.proxy import Exchange, RecordingProxy
 from tests.helpers import TEST_KEY, GatewayProcess
 
-pytestmark = [pytest.mark.agents, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.agents, pytest.mark.process, pytest.mark.timeout(300)]
 
 ONE_SHOT = "Say hello in one short sentence."
 TOOL_PROMPT = "Run the shell command `sim` and tell me what it printed."

@@ -21,6 +21,7 @@ from gateway.http.asgi import clip
 from gateway.sim.server import SimServer
 from gateway.telemetry.logging import FIELD_LIMIT, LogSettings, setup_logging
 from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.process_marker import starts_process
 from tests.telemetry.fakes import finished
 
 HUGE = "m" * 5_000_000
@@ -69,6 +70,7 @@ def test_access_line_redacts_before_cutting(out: io.BytesIO) -> None:
 
 
 @pytest.fixture(scope="module")
+@starts_process
 def gw(sim: SimServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     tmp: Path = tmp_path_factory.mktemp("clip")
     with GatewayProcess(tmp, policy({"chat": [sim.url]}, max_body_bytes=8 * 1024 * 1024)

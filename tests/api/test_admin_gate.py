@@ -20,6 +20,8 @@ from gateway.app.factory import create_app
 from gateway.config import load_policy
 from tests.helpers import GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 ADMIN = "admin-token-for-gate-tests"
 #: parameters no admin handler accepts as valid: wrong types, missing required ones
 BAD_QUERY = {"start_ms": "not-a-number", "end_ms": "[]", "day": "", "group_by": "nope"}

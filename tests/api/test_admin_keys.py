@@ -15,6 +15,8 @@ import pytest
 
 from tests.helpers import REPO, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 SECRET = "test-key-secret-0123456789"
 ADMIN = "admin-token-for-key-tests"
 

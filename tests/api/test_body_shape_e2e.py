@@ -18,6 +18,8 @@ import pytest
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
 MODEL = "chat-model"
 #: a valid request for each proxied route; the second ``%s`` is where the deep value goes

@@ -23,6 +23,7 @@ from gateway.errors import RateLimited
 from gateway.quota.calls import CallLimiter
 from gateway.runtime import Runtime
 from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.process_marker import starts_process
 
 OTHER_KEY = "sk-gw-test-other-0123456789abcdef0123456789abcd"
 
@@ -114,6 +115,7 @@ def test_a_large_count_runs_on_the_counting_thread(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
+@starts_process
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp = tmp_path_factory.mktemp("calls")
     data = policy({"chat": ["http://127.0.0.1:9"]}, call_limits={"rpm": 1, "burst": 3})

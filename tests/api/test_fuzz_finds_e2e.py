@@ -11,6 +11,8 @@ import pytest
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
 ADMIN = "admin-fuzz-finds"
 

@@ -24,6 +24,8 @@ from gateway.config import load_policy
 from tests.api.path_spellings import SPELLINGS
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 ADMIN = "admin-token-for-spelling-tests"
 
 

@@ -26,6 +26,8 @@ from gateway.ledger.sql.usage_query import encode_cursor
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 from tests.ledger.usage_data import DAY, expected_rows, sample_records
 
+pytestmark = pytest.mark.process
+
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
+
+pytestmark = pytest.mark.process
 
 
 def _answered(text: str) -> float:

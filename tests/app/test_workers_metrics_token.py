@@ -13,6 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, TEST_KEY_SHA, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 TOKEN = "metrics-token-for-tests"
 
 

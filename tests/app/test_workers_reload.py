@@ -20,6 +20,8 @@ import yaml
 
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 ADMIN = "admin-token-for-worker-tests"
 AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
 

@@ -10,7 +10,9 @@ import pytest
 
 from gateway.auth.keystore import KeyRecord, RedisKeyStore, digest_for
 from gateway.redis import open_redis
-from tests.quota.servers import RedisCluster3, RedisProc
+from tests.redis_servers import RedisCluster3, RedisProc
+
+pytestmark = pytest.mark.process
 
 
 async def _exercise(store: RedisKeyStore) -> None:
@@ -34,16 +36,12 @@ async def _exercise(store: RedisKeyStore) -> None:
 
 
 @pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "redis-py"])
-async def test_redis(tmp_path: Path, pipelined: bool) -> None:
-    proc = RedisProc(tmp_path).start()
-    try:
-        client = open_redis(proc.url, pipelined=pipelined)
-        assert client.kind == ("pipelined" if pipelined else "redis")
-        store = RedisKeyStore(client, timeout=2.0)
-        await _exercise(store)
-        await store.aclose()
-    finally:
-        proc.stop()
+async def test_redis(own_redis: RedisProc, pipelined: bool) -> None:
+    client = open_redis(own_redis.url, pipelined=pipelined)
+    assert client.kind == ("pipelined" if pipelined else "redis")
+    store = RedisKeyStore(client, timeout=2.0)
+    await _exercise(store)
+    await store.aclose()
 
 
 @pytest.mark.timeout(120)

@@ -17,6 +17,8 @@ import yaml
 from gateway.sim.server import SimServer
 from tests.helpers import GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 SECRET = "test-key-secret-0123456789"
 ADMIN = "admin-token-for-tests"
 CACHE_TTL = 0.5

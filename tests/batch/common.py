@@ -10,7 +10,7 @@ from typing import Any
 
 import openai
 
-from tests.helpers import TEST_KEY, policy
+from tests.helpers import TEST_KEY, policy, usage_records
 
 OTHER_KEY = "sk-gw-other-batchtenant-0123456789abcdef012345"
 ADMIN = "admin-batch-test"
@@ -62,33 +62,4 @@ def wait_status(c: openai.OpenAI, batch_id: str, statuses: set[str], timeout: fl
 
 def records(url: str) -> list[dict[str, Any]]:
     """Every usage record of the last hour (admin export)."""
-    import httpx
-
-    now = int(time.time() * 1000)
-    r = httpx.get(url + "/admin/usage/export", headers={"Authorization": f"Bearer {ADMIN}"},
-                  params={"start_ms": now - 3_600_000, "end_ms": now + 60_000}, timeout=30)
-    assert r.status_code == 200, r.text
-    return [json.loads(line) for line in r.text.splitlines() if line]
-
-
-class SimProcess:
-    """A simulator in its own process (no GIL shared with the test or the other simulator)."""
-
-    def __init__(self, profile: str, *args: str) -> None:
-        from tests.helpers import free_port
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.profile, self.args = profile, args
-
-    def __enter__(self) -> SimProcess:
-        from gateway.sim.server import spawn
-        from tests.helpers import wait_http
-
-        self.proc = spawn(self.port, self.profile, *self.args)
-        wait_http(self.url + "/health", proc=self.proc)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+    return usage_records(url, ADMIN)

@@ -9,6 +9,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from gateway.batch.objects import new_batch_id, new_file_id
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -37,6 +39,7 @@ def test_ids_carry_128_random_bits() -> None:
     _check([new_file_id() for _ in range(200)], "file-")
 
 
+@pytest.mark.process
 def test_two_processes_never_collide_or_follow_each_other() -> None:
     minted = [subprocess.run([sys.executable, "-c", _MINT], capture_output=True, text=True,
                              check=True).stdout.split() for _ in range(2)]

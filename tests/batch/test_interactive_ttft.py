@@ -17,17 +17,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.batch.common import (
     ADMIN,
     MODEL,
-    SimProcess,
     batch_policy,
     client,
     jsonl,
     wait_status,
 )
-from tests.helpers import TEST_KEY, GatewayProcess
+from tests.helpers import TEST_KEY, GatewayProcess, SimProcess
+
+pytestmark = pytest.mark.process
 
 STREAMS = 4
 PER_STREAM = 10

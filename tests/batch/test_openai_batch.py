@@ -26,6 +26,8 @@ from tests.batch.common import (
 )
 from tests.helpers import TEST_KEY, GatewayProcess
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,20 +14,15 @@ import pytest
 from gateway.sim.server import SimServer
 from tests.batch.common import ADMIN, batch_policy, client, jsonl, records, wait_status
 from tests.helpers import GatewayProcess
-from tests.quota.servers import RedisProc
+from tests.redis_servers import RedisProc
+
+pytestmark = pytest.mark.process
 
 
 @pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisProc]:
-    server = RedisProc(tmp_path).start()
-    os.environ["GATEWAY_REDIS_URL"] = server.url
-    os.environ["GATEWAY_ADMIN_TOKEN"] = ADMIN
-    try:
-        yield server
-    finally:
-        os.environ.pop("GATEWAY_REDIS_URL", None)
-        os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
-        server.stop()
+def redis(gateway_redis: RedisProc, monkeypatch: pytest.MonkeyPatch) -> RedisProc:
+    monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", ADMIN)
+    return gateway_redis
 
 
 def _check_exactly_once(url: str, batch_id: str, n: int) -> None:

@@ -8,11 +8,14 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from gateway.sim.server import SimServer
 from tests.batch.common import batch_policy, client, jsonl, records, wait_status
 from tests.helpers import GatewayProcess
+
+pytestmark = pytest.mark.process
 
 SECRET = "batch-key-secret-0123456789"
 ADMIN = "admin-batch-test"

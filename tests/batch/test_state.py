@@ -13,17 +13,15 @@ from gateway.batch.objects import BatchRecord, LineResult
 from gateway.batch.redis import RedisBatchState
 from gateway.batch.sqlite import SqliteBatchState
 from gateway.batch.state import BatchState
-from tests.quota.servers import RedisProc
+from tests.process_marker import PROCESS
+from tests.redis_servers import RedisProc
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=PROCESS)])
 def state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BatchState]:
     if request.param == "redis":
-        server = RedisProc(tmp_path).start()
-        try:
-            yield RedisBatchState.from_url(server.url)
-        finally:
-            server.stop()
+        server: RedisProc = request.getfixturevalue("own_redis")
+        yield RedisBatchState.from_url(server.url)
     else:
         yield SqliteBatchState(tmp_path)
 

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -34,19 +34,9 @@ from gateway.batch.redis import RedisBatchState
 from gateway.batch.runner import BatchRunner, LineAnswer, LineCall
 from gateway.config.load import parse_policy
 from tests.batch.common import MODEL, batch_policy, jsonl
-from tests.quota.servers import RedisProc
+from tests.redis_servers import RedisProc
 
 BOUND = 60.0  # generous: a loaded box; a lost cancel means "never", not "late"
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisProc]:
-    server = RedisProc(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.signal(signal.SIGCONT)
-        server.kill()
 
 
 @pytest.fixture
@@ -98,15 +88,15 @@ async def close(state: RedisBatchState) -> None:
 
 
 async def test_a_loop_whose_cancel_redis_swallowed_ends(
-    gateway: Gateway, redis: RedisProc
+    gateway: Gateway, own_redis: RedisProc
 ) -> None:
     """The refresh loop is cancelled once (as ``stop()`` does first), a few loop turns after
     it started, at every turn of a range that covers its first command's send: at one of
     them the cancel lands in ``wait_for``'s window and is lost. Nothing cancels it again; it
     must end by itself (its command times out, and then the loop sees the cancel)."""
-    redis.signal(signal.SIGSTOP)
+    own_redis.signal(signal.SIGSTOP)
     for turns in range(40):
-        state = state_of(redis, socket_timeout=1.0)
+        state = state_of(own_redis, socket_timeout=1.0)
         runner = runner_of(gateway, state)
         runner.start()
         for _ in range(turns):
@@ -120,13 +110,13 @@ async def test_a_loop_whose_cancel_redis_swallowed_ends(
 
 
 async def test_stop_right_after_start_while_redis_hangs(
-    gateway: Gateway, redis: RedisProc
+    gateway: Gateway, own_redis: RedisProc
 ) -> None:
     """A gateway whose start failed stops its runner a few turns after starting it (#14
     point 18): ``stop()`` returns and every loop ends, at every turn of the range."""
-    redis.signal(signal.SIGSTOP)
+    own_redis.signal(signal.SIGSTOP)
     for turns in range(40):
-        state = state_of(redis, socket_timeout=1.0)
+        state = state_of(own_redis, socket_timeout=1.0)
         runner = runner_of(gateway, state)
         runner.start()
         for _ in range(turns):
@@ -136,12 +126,12 @@ async def test_stop_right_after_start_while_redis_hangs(
 
 
 async def test_stop_is_bounded_while_redis_hangs_mid_batch(
-    gateway: Gateway, redis: RedisProc
+    gateway: Gateway, own_redis: RedisProc
 ) -> None:
     """A batch running, then Redis frozen: its commands now never answer (no socket timeout),
     so the final checkpoint and the lease releases hang. ``stop()`` still returns within its
     timeout and the loops end; the leases left behind expire (another process resumes)."""
-    state = state_of(redis, socket_timeout=None)
+    state = state_of(own_redis, socket_timeout=None)
     jobs = runner_of(gateway, state).jobs
     upload = await jobs.upload("acme", "in.jsonl", "batch", jsonl(400), [MODEL])
     batch = await jobs.create(Identity("test", "acme"), upload.id, "/v1/chat/completions",
@@ -152,8 +142,8 @@ async def test_stop_is_bounded_while_redis_hangs_mid_batch(
     while not (await state.get_batch(batch.id) or batch).completed:  # lines are running
         assert time.monotonic() < deadline, "the batch never started"
         await asyncio.sleep(0.05)
-    redis.signal(signal.SIGSTOP)
+    own_redis.signal(signal.SIGSTOP)
     await asyncio.sleep(0.3)  # the loops are now inside commands that never answer
     await stop_and_check(runner, timeout=2.0)
-    redis.signal(signal.SIGCONT)
+    own_redis.signal(signal.SIGCONT)
     await close(state)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from tests.helpers import free_port
+from tests.ports import free_port
 
 
 @dataclass

@@ -25,7 +25,9 @@ import pytest
 from gateway.alerts import SIGNATURE_HEADER, verify
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
-from tests.quota.servers import RedisProc
+from tests.redis_servers import RedisProc
+
+pytestmark = pytest.mark.process
 
 EXPECTED = [("team", "core", 50), ("team", "core", 100), ("tenant", "acme", 50),
             ("tenant", "acme", 100)]
@@ -79,14 +81,6 @@ def hooks() -> Iterator[Hooks]:
     h.server.server_close()
 
 
-@pytest.fixture()
-def shared_redis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RedisProc]:
-    proc = RedisProc(tmp_path).start()
-    monkeypatch.setenv("GATEWAY_REDIS_URL", proc.url)
-    yield proc
-    proc.stop()
-
-
 def budget_policy(sim_url: str) -> dict[str, Any]:
     data = policy({"chat": [sim_url]})
     data["auth"]["keys"] = [
@@ -127,7 +121,7 @@ def until_refused(urls: list[str], key: str) -> httpx.Response:
 
 
 def test_budgets_at_two_levels_refuse_together_and_alert_once(
-        shared_redis: RedisProc, hooks: Hooks, tmp_path: Path,
+        gateway_redis: RedisProc, hooks: Hooks, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_HOOK_URL", hooks.url)
     monkeypatch.setenv("TEST_HOOK_SECRET", SECRET)

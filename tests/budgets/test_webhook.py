@@ -118,7 +118,7 @@ async def test_an_unreachable_receiver_gives_up_after_its_attempts() -> None:
     seen, sender = outcomes()
     sender.start()
     try:
-        from tests.helpers import free_port
+        from tests.ports import free_port
 
         sender.submit(Delivery(f"http://127.0.0.1:{free_port()}/hook", SECRET, b"{}", "d-4"))
         await sender.aclose(drain=30.0)

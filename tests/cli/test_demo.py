@@ -15,7 +15,10 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import REPO, free_port, wait_http
+from tests.helpers import REPO, wait_http
+from tests.ports import free_port
+
+pytestmark = pytest.mark.process
 
 
 def _start_demo(home: Path) -> tuple[subprocess.Popen[str], int, str, str]:

@@ -8,10 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.helpers import REPO, policy
 from tests.redis_servers import RedisProc
+
+pytestmark = pytest.mark.process
 
 PATIENCE = 60.0  # seconds: the process must exit well within this, even on a loaded box
 

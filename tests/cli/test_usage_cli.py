@@ -26,6 +26,8 @@ from gateway.ledger.sql.sqlite import SqliteLedger
 from tests.helpers import REPO, policy
 from tests.ledger.usage_data import DAY, HOUR, sample_records
 
+pytestmark = pytest.mark.process
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 

@@ -155,6 +155,7 @@ def test_published_schema_is_current() -> None:
     assert (REPO / "policies" / "schema.json").read_text() == policy_schema_json()
 
 
+@pytest.mark.process
 def test_check_command(tmp_path: Path) -> None:
     """`gateway check` exits 0 on a good file and 2 with file, field and problem on a bad one."""
     good = _write(tmp_path, GOOD, "good.yaml")

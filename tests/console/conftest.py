@@ -14,6 +14,7 @@ import pytest
 from gateway.ledger.sql.sqlite import SqliteLedger
 from tests.console.data import seed
 from tests.helpers import TEST_KEY, TEST_KEY_SHA, GatewayProcess, policy
+from tests.process_marker import starts_process
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -53,6 +54,7 @@ def start_console(sim: SimServer, tmp: Path, **console: Any) -> GatewayProcess:
 
 
 @pytest.fixture(scope="module")
+@starts_process
 def console(sim: SimServer, tmp_path_factory: pytest.TempPathFactory,
             ) -> Iterator[GatewayProcess]:
     gw = start_console(sim, tmp_path_factory.mktemp("console"))

@@ -25,6 +25,8 @@ from tests.console.conftest import (
 )
 from tests.console.data import MONTH
 
+pytestmark = pytest.mark.process
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path

@@ -24,6 +24,7 @@ def test_all_names_exist(name: str) -> None:
         assert hasattr(module, attr), f"{name}.{attr}"
 
 
+@pytest.mark.process
 def test_the_factory_does_not_import_the_console_app() -> None:
     """Off by default: building the gateway app loads neither jinja2 nor the console's routes."""
     code = ("import sys, gateway.app.factory; "

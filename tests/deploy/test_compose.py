@@ -322,6 +322,7 @@ def test_env_example_sets_every_required_variable() -> None:
     assert re.fullmatch(r"[A-Za-z0-9_-]+", env_example()["POSTGRES_PASSWORD"])
 
 
+@pytest.mark.process
 def test_docker_compose_config_accepts_it() -> None:
     exe = require_tool("docker-compose")
     files = ["-f", str(COMPOSE_FILE), "--env-file", str(ENV_EXAMPLE)]
@@ -347,6 +348,7 @@ def test_docker_compose_config_accepts_it() -> None:
     assert [*migrate["entrypoint"], *migrate["command"]] == MIGRATE_COMMAND
 
 
+@pytest.mark.process
 def test_compose_spec_schema() -> None:
     exe = require_tool("check-jsonschema")
     out = subprocess.run(

@@ -47,6 +47,7 @@ def only(stage: list[tuple[str, str]], keyword: str) -> list[str]:
     return [args for kw, args in stage if kw == keyword]
 
 
+@pytest.mark.process
 def test_hadolint_passes() -> None:
     hadolint = require_tool("hadolint")
     out = subprocess.run(

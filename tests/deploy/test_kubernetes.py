@@ -15,6 +15,8 @@ import yaml
 from gateway.config import load_policy, parse_policy
 from tests.deploy._util import KUSTOMIZE_DIRS, render_kustomization
 
+pytestmark = pytest.mark.process
+
 #: Kubernetes versions validated against: the oldest we claim to support and the newest schema
 K8S_VERSIONS = ("1.29.0", "1.37.0")
 PRESTOP_SLEEP = 5

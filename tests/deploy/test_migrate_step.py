@@ -11,7 +11,6 @@ do not exist on this machine).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,9 @@ from gateway.ledger.sql import SCHEMA_VERSION
 from tests.deploy._util import DEPLOY, KUSTOMIZE_DIRS, load_yaml, render_kustomization
 from tests.deploy.test_compose import MIGRATE_COMMAND, services
 from tests.deploy.test_kubernetes import init_container
+from tests.ports import free_port
+
+pytestmark = pytest.mark.process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,9 +89,7 @@ def test_migrate_step_fails_while_the_database_is_away(tmp_path: Path) -> None:
     """Nothing listens: the step exits non-zero (compose stops, Kubernetes retries the init
     container) instead of letting a gateway start on an unknown schema; the password in the
     URL is never printed."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
+    port = free_port()  # nothing listens there
     data = compose_policy()
     data["store"] = {**data["store"], "spool_dir": str(tmp_path / "spool")}
     policies = tmp_path / "policies"

@@ -11,6 +11,7 @@ import pytest
 from tests.deploy._util import find_tool, kustomize_command
 
 
+@pytest.mark.process
 def test_kubectl_found_beside_the_interpreter(monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing on PATH

@@ -2,8 +2,8 @@
 
 Run the folder's tests with it to record what the Messages and Responses translators write::
 
-    RECORD_OUT=tests/dialects/recorded_streams.json PYTHONPATH=.:tests/apis \\
-        python -m pytest tests/apis -q -p record_streams -p no:cacheprovider
+    RECORD_OUT=tests/dialects/recorded_streams.json PYTHONPATH=.:tests/dialects \\
+        python -m pytest tests/dialects -q -p record_streams -p no:cacheprovider
 
 Every translator made during the run is wrapped: its arguments and each outermost ``feed`` /
 ``finish`` / ``fail`` call (a ``fail`` a ``feed`` makes itself is part of that feed) with its

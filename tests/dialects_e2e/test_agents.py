@@ -38,6 +38,8 @@ from gateway.sim.server import SimServer
 from tests.echo_backend import EchoBackend
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 FIXTURES = Path(__file__).resolve().parent.parent / "dialects" / "fixtures"
 EVENTS: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(RawMessageStreamEvent)
 #: what Claude Code sends beside its body

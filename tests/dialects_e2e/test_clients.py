@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +15,9 @@ import openai
 import pytest
 
 from gateway.sim.server import SimServer
-from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.helpers import TEST_KEY, GatewayProcess, policy, usage_records
+
+pytestmark = pytest.mark.process
 
 ADMIN = "admin-apis-e2e"
 
@@ -47,12 +48,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 
 def records(gw: GatewayProcess, n: int) -> list[dict[str, Any]]:
     """The last ``n`` usage records (the ledger is durable before each answer ends)."""
-    now = int(time.time() * 1000)
-    r = httpx.get(gw.url + "/admin/usage/export", headers={"Authorization": f"Bearer {ADMIN}"},
-                  params={"start_ms": now - 3_600_000, "end_ms": now + 60_000})
-    assert r.status_code == 200, r.text
-    rows = [json.loads(line) for line in r.text.splitlines() if line]
-    return sorted(rows, key=lambda x: x["ts_ms"])[-n:]
+    return sorted(usage_records(gw.url, ADMIN), key=lambda x: x["ts_ms"])[-n:]
 
 
 def test_anthropic_messages_plain_and_streamed(gw: GatewayProcess) -> None:

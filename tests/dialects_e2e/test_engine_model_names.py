@@ -25,6 +25,8 @@ import pytest
 from tests.fake_engine import Engine, FakeEngines
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 ENGINES = {
     "llamacpp": Engine("/models/tiny.gguf", "llamacpp"),
     "ollama": Engine("llama3:8b", "python"),

@@ -24,6 +24,8 @@ import pytest
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 OTHER_KEY = "sk-gw-other-ids-0123456789abcdef0123456789abcdef"
 _HEX = re.compile(r"^[0-9a-f]{32}$")
 

@@ -11,8 +11,6 @@ gateway let through would come back as the simulator's own 400, quickly, without
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,7 +21,9 @@ import pytest
 
 from gateway.config.model import DEFAULT_MAX_OUTPUT_TOKENS
 from gateway.sim.server import SimServer
-from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.helpers import TEST_KEY, GatewayProcess, policy, usage_records
+
+pytestmark = pytest.mark.process
 
 ADMIN = "admin-output-limit"
 BOUND = DEFAULT_MAX_OUTPUT_TOKENS
@@ -79,11 +79,7 @@ def _remaining_requests(gw: GatewayProcess) -> int:
 
 
 def _records(gw: GatewayProcess) -> list[dict[str, Any]]:
-    now = int(time.time() * 1000)
-    r = httpx.get(gw.url + "/admin/usage/export", headers={"Authorization": f"Bearer {ADMIN}"},
-                  params={"start_ms": now - 3_600_000, "end_ms": now + 60_000})
-    assert r.status_code == 200, r.text
-    return [json.loads(line) for line in r.text.splitlines() if line]
+    return usage_records(gw.url, ADMIN)
 
 
 def _refused(gw: GatewayProcess, calls: list[tuple[Any, Callable[[], Any]]],

@@ -11,17 +11,17 @@ entries its own, and within a tenant changes nothing).
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import anthropic
-import httpx
+import pytest
 
 from gateway.sim.server import SimServer
-from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.helpers import TEST_KEY, GatewayProcess, policy, wait_usage_records
+
+pytestmark = pytest.mark.process
 
 ADMIN = "admin-cache-passthrough"
 TURNS = 20
@@ -90,14 +90,5 @@ def test_cache_reads_through_the_gateway_equal_going_direct(tmp_path: Path) -> N
 
 
 def _records(gw: GatewayProcess, n: int) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 15
-    while True:
-        now = int(time.time() * 1000)
-        r = httpx.get(gw.url + "/admin/usage/export", headers={"Authorization": f"Bearer {ADMIN}"},
-                      params={"start_ms": now - 3_600_000, "end_ms": now + 60_000})
-        assert r.status_code == 200, r.text
-        rows = sorted((json.loads(line) for line in r.text.splitlines() if line),
-                      key=lambda x: x["ts_ms"])
-        if len(rows) >= n or time.monotonic() > deadline:
-            return rows[-n:]
-        time.sleep(0.1)
+    rows = wait_usage_records(gw.url, ADMIN, lambda rows: len(rows) >= n, within=15)
+    return sorted(rows, key=lambda x: x["ts_ms"])[-n:]

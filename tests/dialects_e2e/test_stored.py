@@ -8,7 +8,6 @@ only the gateway knows its stored conversation)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -21,7 +20,9 @@ import pytest
 from openai.types.responses import Response
 
 from gateway.sim.server import SimServer
-from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.helpers import TEST_KEY, GatewayProcess, policy, usage_records
+
+pytestmark = pytest.mark.process
 
 ADMIN = "admin-stored-e2e"
 OTHER_KEY = "sk-gw-other-0123456789abcdef0123456789abcdef01"
@@ -66,12 +67,7 @@ def client(gw: GatewayProcess, key: str = TEST_KEY) -> openai.OpenAI:
 
 def records(gw: GatewayProcess, n: int) -> list[dict[str, Any]]:
     """The last ``n`` usage records (durable before each answer ends)."""
-    now = int(time.time() * 1000)
-    r = httpx.get(gw.url + "/admin/usage/export", headers={"Authorization": f"Bearer {ADMIN}"},
-                  params={"start_ms": now - 3_600_000, "end_ms": now + 60_000})
-    assert r.status_code == 200, r.text
-    rows = [json.loads(line) for line in r.text.splitlines() if line]
-    return sorted(rows, key=lambda x: x["ts_ms"])[-n:]
+    return sorted(usage_records(gw.url, ADMIN), key=lambda x: x["ts_ms"])[-n:]
 
 
 def test_three_turns_grow_history_on_its_own_line(gw: GatewayProcess) -> None:

@@ -31,6 +31,8 @@ from tests.echo_backend import EchoBackend
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 from tests.ledger.postgres import PostgresServer
 
+pytestmark = pytest.mark.process
+
 GLOBEX_KEY = "sk-gw-globex-bounds-0123456789abcdef0123456789ab"
 INITECH_KEY = "sk-gw-initech-bounds-0123456789abcdef0123456789a"
 CHAIN_KEY = "sk-gw-chain-bounds-0123456789abcdef0123456789abc"

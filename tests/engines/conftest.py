@@ -12,7 +12,6 @@ admin export, by the ``x-request-id`` the gateway answered with.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +26,8 @@ import pytest
 from loadtest.engines.build import EngineNotBuilt, build_engine, find_server_binary
 from loadtest.engines.llama_server import LlamaServer
 from loadtest.engines.tiny_model import TinyModelSpec, tiny_model_path
-from tests.helpers import TEST_KEY, TEST_KEY_SHA, GatewayProcess
+from tests.helpers import TEST_KEY, TEST_KEY_SHA, GatewayProcess, wait_usage_records
+from tests.process_marker import starts_process
 
 ENGINE_MODEL = "tiny-llama"
 """The ``--alias`` the test engines answer with (the ``model`` of their answers)."""
@@ -46,6 +46,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
+@starts_process
 def llama_server_bin() -> Path:
     """The cached llama-server: built if needed under CI, else the tests skip without it."""
     found = find_server_binary()
@@ -68,6 +69,7 @@ def engine_model(llama_server_bin: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+@starts_process
 def llama_servers(
     llama_server_bin: Path, engine_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[LlamaServer, LlamaServer]]:
@@ -126,6 +128,7 @@ def start_gateway(tmp: Path, data: dict[str, Any]) -> GatewayProcess:
 
 
 @pytest.fixture(scope="session")
+@starts_process
 def gateway(llama_servers: tuple[LlamaServer, LlamaServer],
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """One gateway for the engine tests: pool ``chat`` (both engines; public model
@@ -168,20 +171,12 @@ def anthropic_client(gw: GatewayProcess) -> anthropic.Anthropic:
 def record_of(gw: GatewayProcess, request_id: str, timeout: float = 15.0) -> dict[str, Any]:
     """The usage record of ``request_id`` (the gateway's ``x-request-id``), from the admin
     export; polled, since a record may reach the database just after its answer ends."""
-    deadline = time.monotonic() + timeout
-    while True:
-        now = int(time.time() * 1000)
-        r = httpx.get(gw.url + "/admin/usage/export", timeout=10,
-                      headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-                      params={"start_ms": now - 3_600_000, "end_ms": now + 60_000})
-        assert r.status_code == 200, r.text
-        for line in r.text.splitlines():
-            if line and request_id in line:
-                row: dict[str, Any] = json.loads(line)
-                if row["request_id"] == request_id:
-                    return row
-        assert time.monotonic() < deadline, f"no usage record for {request_id}"
-        time.sleep(0.1)
+    rows = wait_usage_records(
+        gw.url, ADMIN_TOKEN, lambda rows: any(row["request_id"] == request_id for row in rows),
+        within=timeout)
+    found = [row for row in rows if row["request_id"] == request_id]
+    assert found, f"no usage record for {request_id}"
+    return found[0]
 
 
 def admin_stats(gw: GatewayProcess) -> dict[str, Any]:

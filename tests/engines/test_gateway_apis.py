@@ -34,7 +34,7 @@ from tests.engines.conftest import (
 )
 from tests.helpers import GatewayProcess
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.process]
 
 Engines = tuple[LlamaServer, LlamaServer]
 

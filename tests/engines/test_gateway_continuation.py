@@ -28,7 +28,7 @@ from tests.engines.conftest import (
     start_gateway,
 )
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.process]
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story."}]
 TOKENS = 120

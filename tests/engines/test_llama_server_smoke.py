@@ -18,7 +18,7 @@ from loadtest.engines.llama_server import LlamaServer
 from loadtest.engines.tiny_model import TinyModelSpec, tiny_model_path
 from tests.engines.conftest import ENGINE_MODEL
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.process]
 
 MESSAGES = [{"role": "user", "content": "Hello there, how are you?"}]
 

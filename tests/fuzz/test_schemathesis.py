@@ -34,6 +34,8 @@ from gateway.config import load_policy
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 EXAMPLES = int(os.environ.get("GATEWAY_FUZZ_EXAMPLES", "8"))
 PHASES = ("coverage", "fuzzing", "stateful")
 #: per request; a slower answer is a hang

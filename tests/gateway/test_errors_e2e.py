@@ -11,7 +11,10 @@ import httpx
 import pytest
 
 from gateway.sim.server import SimServer
-from tests.helpers import TEST_KEY, GatewayProcess, free_port, policy
+from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.ports import free_port
+
+pytestmark = pytest.mark.process
 
 AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
 CHAT = {"model": "chat-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}

@@ -13,6 +13,8 @@ import pytest
 from tests.echo_backend import EchoBackend
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture(scope="module")
 def echo_gateway(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
+
+pytestmark = pytest.mark.process
 
 AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
 

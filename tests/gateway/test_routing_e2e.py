@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -15,10 +14,14 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 import yaml
 
-from gateway.sim.server import SimServer, spawn
-from tests.helpers import TEST_KEY, GatewayProcess, free_port, policy, wait_http
+from gateway.sim.server import SimServer
+from tests.helpers import TEST_KEY, GatewayProcess, SimProcess, policy, sim_processes
+from tests.ports import free_port
+
+pytestmark = pytest.mark.process
 
 AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
 ADMIN = "admin-test-token"
@@ -33,21 +36,9 @@ def _chat(gw: GatewayProcess, model: str = "chat-model", headers: dict[str, str]
 
 
 @contextmanager
-def _sims(n: int, *args: str) -> Iterator[list[tuple[str, subprocess.Popen[bytes]]]]:
-    procs = []
-    try:
-        for _ in range(n):
-            port = free_port()
-            proc = spawn(port, "interactive", "--speedup", "5", "--jitter", "0", *args)
-            procs.append((f"http://127.0.0.1:{port}", proc))
-        for url, proc in procs:
-            wait_http(url + "/health", proc=proc)
-        yield procs
-    finally:
-        for _, proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+def _sims(n: int, *args: str) -> Iterator[list[SimProcess]]:
+    with sim_processes(n, "interactive", "--speedup", "5", "--jitter", "0", *args) as sims:
+        yield sims
 
 
 def _stats(gw: GatewayProcess) -> dict[str, Any]:
@@ -69,7 +60,7 @@ def _gateway(tmp: Path, data: dict[str, Any]) -> Iterator[GatewayProcess]:
 def test_backend_killed_under_load_no_client_errors(tmp_path: Path) -> None:
     """SIGKILL one of two backends mid-load: every client request still succeeds."""
     with _sims(2) as sims:
-        data = policy({"chat": [url for url, _ in sims]})
+        data = policy({"chat": [sim.url for sim in sims]})
         data["pools"][0]["health"] = {"eject_after": 2, "eject_base": 30}
         with _gateway(tmp_path, data) as gw:
             stop = time.monotonic() + 3.0
@@ -83,7 +74,7 @@ def test_backend_killed_under_load_no_client_errors(tmp_path: Path) -> None:
                 futures = [pool.submit(client) for _ in range(8)]
                 time.sleep(1.0)
                 killed_at = time.monotonic()
-                sims[0][1].send_signal(signal.SIGKILL)
+                sims[0].signal(signal.SIGKILL)
                 for f in futures:
                     f.result()
             codes = [code for _, code in statuses]
@@ -97,7 +88,7 @@ def test_backend_killed_under_load_no_client_errors(tmp_path: Path) -> None:
 def test_stall_before_first_token_retried_elsewhere(tmp_path: Path) -> None:
     """A backend that stalls before its first token hits the TTFT timeout; another answers."""
     with _sims(1, "--stall-ms", "3000") as stalled, _sims(1) as healthy:
-        data = policy({"chat": [stalled[0][0], healthy[0][0]]})
+        data = policy({"chat": [stalled[0].url, healthy[0].url]})
         data["server"]["timeouts"] = {"first_token": 0.5}
         data["routing"] = {"retry": {"backoff_base": 0.01}}
         with _gateway(tmp_path, data) as gw:
@@ -181,7 +172,7 @@ def test_ejection_and_return_active(tmp_path: Path) -> None:
 def test_retry_budget_caps_retries(tmp_path: Path) -> None:
     """Against a pool that fails every request, retries stay within the budget."""
     with _sims(2, "--error-status", "503") as sims:
-        data = policy({"chat": [url for url, _ in sims]})
+        data = policy({"chat": [sim.url for sim in sims]})
         data["pools"][0]["health"] = {"eject_after": 1000}
         data["routing"] = {"retry": {"max_attempts": 3, "budget_ratio": 0.2,
                                      "budget_min_per_s": 0.0, "budget_window": 30,

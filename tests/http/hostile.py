@@ -24,7 +24,7 @@ import h11
 
 from gateway.http.base import DEFAULT_LIMITS
 from gateway.http.errors import UpstreamProtocolError, UpstreamTimeout
-from tests.helpers import free_port
+from tests.ports import free_port
 
 __all__ = [
     "FOLLOW_UP",

@@ -19,7 +19,7 @@ from gateway.http.errors import (
     UpstreamIdleTimeout,
     UpstreamProtocolError,
 )
-from tests.helpers import free_port
+from tests.ports import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"

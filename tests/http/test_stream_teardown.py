@@ -29,6 +29,8 @@ import pytest
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 STREAMS = 24
 PATIENCE = 60.0
 #: what one stream's teardown must not leave for the cyclic collector

@@ -16,6 +16,7 @@ import pytest
 from gateway.ledger import Ledger, LedgerSettings, UsageRecord
 from gateway.ledger.sql.postgres import PostgresLedger
 from gateway.ledger.sql.sqlite import SqliteLedger
+from tests.ledger.postgres import SQL_DIALECTS
 
 LedgerFactory = Callable[..., Awaitable[Ledger]]
 RecordFactory = Callable[..., UsageRecord]
@@ -24,7 +25,7 @@ RecordFactory = Callable[..., UsageRecord]
 TIMEOUT = 2.0
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=SQL_DIALECTS)
 async def make_ledger(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[LedgerFactory]:

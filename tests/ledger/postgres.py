@@ -8,12 +8,18 @@ the next start), ``close()`` (removes its directory). Never the machine's own Po
 
 from __future__ import annotations
 
+import pytest
+
 from loadtest.bench.pgserver import (
     PostgresError,
     PostgresNotFound,
     PostgresServer,
     find_bindir,
-    free_port,
 )
+from tests.process_marker import PROCESS
 
-__all__ = ["PostgresError", "PostgresNotFound", "PostgresServer", "find_bindir", "free_port"]
+__all__ = ["SQL_DIALECTS", "PostgresError", "PostgresNotFound", "PostgresServer", "find_bindir"]
+
+SQL_DIALECTS = ["sqlite", pytest.param("postgresql", marks=PROCESS)]
+"""The params of a fixture that runs its tests on both SQL ledgers (the PostgreSQL one needs
+the session's server: those tests start a process)."""

@@ -15,6 +15,8 @@ import pytest
 
 from gateway.ledger.sql import open_ledger
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -25,6 +25,7 @@ from gateway.ledger.record import decode_records, encode_lines
 from gateway.ledger.sql import open_ledger
 from gateway.ledger.sql.store import SqlLedger
 from tests.ledger.conftest import RecordFactory
+from tests.ledger.postgres import SQL_DIALECTS
 
 #: an fsync's bound: generous, as a loaded box's disk may take seconds
 TIMEOUT = 10.0
@@ -34,7 +35,7 @@ QUIET = {"flush_interval": 3600.0, "replay_interval": 3600.0}
 Opener = Callable[..., Awaitable[SqlLedger]]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=SQL_DIALECTS)
 async def open_sql(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Opener]:
     """``await open_sql(spool, **settings)``: a started SQL ledger of the param's kind; every
     one of a test shares the database, like replicas (and may share a spool directory)."""

@@ -118,6 +118,7 @@ async def test_kill_and_start_recover(own_postgres: PostgresServer) -> None:
     assert await _count(own_postgres.url) == 210
 
 
+@pytest.mark.process
 def test_close_removes_the_directory() -> None:
     server = PostgresServer().start()
     directory = server.dir

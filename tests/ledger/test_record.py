@@ -65,3 +65,28 @@ def test_make_record_without_usage() -> None:
     ctx.outcome, ctx.status = "rejected", 429
     r = make_record(ctx, None, tenant="acme")
     assert (r.outcome, r.status, r.prompt_total, r.cost_micros) == ("rejected", 429, 0, 0)
+
+
+def test_make_record_copies_every_token_and_cost_field_by_name() -> None:
+    """Each record field named like a ``TokenUsage`` field is copied from it, and each
+    ``cost_<x>`` from the ``CostBreakdown``'s ``<x>`` (``cost_micros`` from its total): a
+    distinct value in every source field must arrive in its field."""
+    record_fields = set(UsageRecord.__struct_fields__)
+    numeric = [f for f in TokenUsage.__struct_fields__
+               if f in record_fields and isinstance(getattr(TokenUsage(), f), int)
+               and not isinstance(getattr(TokenUsage(), f), bool)]
+    usage_values = {name: 100 + i for i, name in enumerate(numeric)}
+    cost_names = list(CostBreakdown.__struct_fields__)
+    costs = CostBreakdown(**{name: 1000 + i for i, name in enumerate(cost_names)})
+    usage = TokenUsage(**usage_values, estimated=True, estimate_reason="no_usage", cost=costs)
+    ctx = RequestContext("req-fields", "/v1/chat/completions")
+    ctx.delivered = True
+    record = make_record(ctx, usage, tenant="acme", ts_ms=1)
+    assert len(numeric) >= 9  # system, history, new, tools, cached, cache_write, output, ...
+    for name, value in usage_values.items():
+        assert getattr(record, name) == value, name
+    assert record.estimated is True and record.estimate_reason == "no_usage"
+    for name in cost_names:
+        field = "cost_micros" if name == "total" else f"cost_{name}"
+        assert field in record_fields, field
+        assert getattr(record, field) == getattr(costs, name), field

@@ -24,6 +24,7 @@ from gateway.ledger import Spool
 from gateway.ledger.record import decode_records, encode_lines
 from gateway.ledger.sql.sqlite import SqliteLedger
 from tests.helpers import tmpfs
+from tests.process_marker import starts_process
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -109,6 +110,7 @@ def test_short_writes_and_enospc_never_lose_an_acknowledged_record(
 
 
 @pytest.fixture
+@starts_process
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 1 MiB tmpfs (skipped where it cannot be mounted)."""
     with tmpfs(tmp_path, "1m") as mount:

@@ -26,6 +26,7 @@ from gateway.ledger.sql.schema import RECORD_COLUMNS, ROLLUP_COUNTERS, ROLLUP_KE
 from gateway.ledger.sql.sqlite import SqliteLedger, split_script
 from gateway.ledger.sql.store import SqlLedger
 from gateway.ledger.sql.url import describe, parse_ledger_url
+from tests.ledger.postgres import SQL_DIALECTS
 from tests.ledger.usage_data import FINEST, all_rows, assert_reads_match, day_ms, day_span
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def record(tenant: str, **fields: Any) -> UsageRecord:
     return UsageRecord(**base)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=SQL_DIALECTS)
 def dialect(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

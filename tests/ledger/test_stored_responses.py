@@ -31,6 +31,7 @@ from gateway.ledger.sql.stored_responses import (
     ResponseStore,
     StorageUsage,
 )
+from tests.ledger.postgres import SQL_DIALECTS
 from tests.ledger.test_sql import _insert_raw, record
 from tests.ledger.usage_data import all_rows, assert_reads_match, day_span
 
@@ -43,7 +44,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 ANSWER = {"id": "resp_1", "object": "response", "output": [], "usage": None}
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=SQL_DIALECTS)
 async def make_sql(request: pytest.FixtureRequest, tmp_path: Path
                    ) -> AsyncIterator[Callable[..., Any]]:
     """``await make_sql(migrate=True)``: a started SQL ledger, every one on the same database."""

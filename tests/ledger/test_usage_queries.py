@@ -26,6 +26,7 @@ from gateway.ledger.sql.usage_query import (
     UsageQueryError,
     encode_cursor,
 )
+from tests.ledger.postgres import SQL_DIALECTS
 from tests.ledger.usage_data import DAY, HOUR, JAN_15, expected_rows, row_dict, sample_records
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class Db:
             await conn.close()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=SQL_DIALECTS)
 async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Db]:
     # records dated 2024: retention must not expire them under the test
     settings = LedgerSettings(retention_days=20_000)

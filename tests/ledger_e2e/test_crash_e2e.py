@@ -19,6 +19,8 @@ from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 from tests.ledger_e2e.test_records_e2e import migrate
 
+pytestmark = pytest.mark.process
+
 AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
 CONNECTIONS = 16
 

@@ -23,6 +23,8 @@ from gateway.ledger.sql import open_ledger
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy, tmpfs
 
+pytestmark = pytest.mark.process
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 

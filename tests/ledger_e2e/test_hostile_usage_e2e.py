@@ -17,7 +17,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,10 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.accounting import PromptCounter
-from tests.helpers import TEST_KEY, GatewayProcess, free_port, policy
+from tests.helpers import TEST_KEY, GatewayProcess, policy, wait_usage_records
+from tests.ports import free_port
+
+pytestmark = pytest.mark.process
 
 ADMIN = "admin-hostile-usage-test"
 AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
@@ -172,17 +174,8 @@ def _messages(gw: GatewayProcess, case: str, stream: bool) -> tuple[str, str]:
 
 def _records(gw: GatewayProcess, n: int) -> dict[str, dict[str, Any]]:
     """The exported records, once there are ``n`` (the ledger flushes in the background)."""
-    deadline = time.monotonic() + 30
-    while True:
-        now = int(time.time() * 1000)
-        r = httpx.get(gw.url + "/admin/usage/export",
-                      headers={"Authorization": f"Bearer {ADMIN}"},
-                      params={"start_ms": now - 3_600_000, "end_ms": now + 60_000})
-        assert r.status_code == 200, r.text
-        records = [json.loads(line) for line in r.text.splitlines() if line]
-        if len(records) >= n or time.monotonic() > deadline:
-            return {rec["request_id"]: rec for rec in records}
-        time.sleep(0.1)
+    records = wait_usage_records(gw.url, ADMIN, lambda records: len(records) >= n, within=30)
+    return {rec["request_id"]: rec for rec in records}
 
 
 def _rejections(gw: GatewayProcess) -> Counter[str]:

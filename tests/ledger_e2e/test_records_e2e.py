@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,8 +15,9 @@ import openai
 import pytest
 
 from gateway.sim.server import SimServer
-from tests.helpers import TEST_KEY, GatewayProcess, policy
-from tests.quota.servers import RedisProc
+from tests.helpers import TEST_KEY, GatewayProcess, policy, usage_records, wait_usage_records
+
+pytestmark = pytest.mark.process
 
 ADMIN = "admin-ledger-test"
 AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
@@ -38,44 +38,26 @@ def _policy(sim_url: str) -> dict[str, Any]:
 
 
 def _records(gw: GatewayProcess) -> list[dict[str, Any]]:
-    now = int(time.time() * 1000)
-    r = httpx.get(gw.url + "/admin/usage/export", headers={"Authorization": f"Bearer {ADMIN}"},
-                  params={"start_ms": now - 3_600_000, "end_ms": now + 60_000})
-    assert r.status_code == 200, r.text
-    return [json.loads(line) for line in r.text.splitlines() if line]
+    return usage_records(gw.url, ADMIN)
 
 
 def _wait_records(gw: GatewayProcess, n: int) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 5
-    while True:
-        records = _records(gw)
-        if len(records) >= n or time.monotonic() > deadline:
-            return records
-        time.sleep(0.1)
+    return wait_usage_records(gw.url, ADMIN, lambda records: len(records) >= n, within=5)
 
 
 @pytest.fixture(params=["sqlite", "postgresql+redis"])
-def setup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[GatewayProcess,
-                                                                               SimServer]]:
+def setup(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+          ) -> Iterator[tuple[GatewayProcess, SimServer]]:
     """The embedded gateway (SQLite ledger, quotas in the process), and the production one
     (PostgreSQL ledger of record, quotas in Redis)."""
-    os.environ["GATEWAY_ADMIN_TOKEN"] = ADMIN
-    redis = None
+    monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", ADMIN)
     if request.param == "postgresql+redis":
-        redis = RedisProc(tmp_path).start()
-        os.environ["GATEWAY_REDIS_URL"] = redis.url
-        os.environ["GATEWAY_LEDGER_URL"] = request.getfixturevalue("postgres_url")
+        request.getfixturevalue("gateway_redis")
+        monkeypatch.setenv("GATEWAY_LEDGER_URL", request.getfixturevalue("postgres_url"))
         migrate(os.environ["GATEWAY_LEDGER_URL"])
-    try:
-        with SimServer("interactive", speedup=10, jitter=0.0) as sim, \
-                GatewayProcess(tmp_path, _policy(sim.url)) as gw:
-            yield gw, sim
-    finally:
-        os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
-        os.environ.pop("GATEWAY_REDIS_URL", None)
-        os.environ.pop("GATEWAY_LEDGER_URL", None)
-        if redis is not None:
-            redis.stop()
+    with SimServer("interactive", speedup=10, jitter=0.0) as sim, \
+            GatewayProcess(tmp_path, _policy(sim.url)) as gw:
+        yield gw, sim
 
 
 def migrate(url: str) -> None:

@@ -138,6 +138,7 @@ def test_parse_scenarios() -> None:
         parse_scenarios("pg-stop,nope")
 
 
+@pytest.mark.process
 def test_sigkill_on_sqlite_loses_and_doubles_nothing(tmp_path: Path) -> None:
     """The real thing, short: 4 clients for 3 s, the gateway SIGKILLed after 1 s and
     restarted; the restarted gateway and then the counting replay its journal."""

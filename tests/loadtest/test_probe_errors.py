@@ -11,7 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.helpers import REPO, free_port
+from tests.helpers import REPO
+from tests.ports import free_port
+
+pytestmark = pytest.mark.process
 
 
 class _Refuses(BaseHTTPRequestHandler):

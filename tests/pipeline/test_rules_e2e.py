@@ -7,7 +7,6 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,9 @@ import pytest
 
 from gateway.sim.server import SimServer
 from tests.echo_backend import EchoBackend
-from tests.helpers import TEST_KEY, GatewayProcess, policy
-from tests.quota.servers import RedisProc
+from tests.helpers import TEST_KEY, GatewayProcess, policy, wait_usage_records
+
+pytestmark = pytest.mark.process
 
 ADMIN = "admin-rules-test"
 AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
@@ -45,31 +45,15 @@ def _chat(url: str, headers: dict[str, str] | None = None, **kw: Any) -> httpx.R
 
 def _records(gw: GatewayProcess, n: int) -> list[dict[str, Any]]:
     """The ledger's records, once at least ``n`` have landed (or after a generous wait)."""
-    deadline = time.monotonic() + 15
-    while True:
-        now = int(time.time() * 1000)
-        r = httpx.get(gw.url + "/admin/usage/export", headers={"Authorization": f"Bearer {ADMIN}"},
-                      params={"start_ms": now - 3_600_000, "end_ms": now + 60_000}, timeout=20)
-        assert r.status_code == 200, r.text
-        records = [json.loads(line) for line in r.text.splitlines() if line]
-        if len(records) >= n or time.monotonic() > deadline:
-            return records
-        time.sleep(0.1)
+    return wait_usage_records(gw.url, ADMIN, lambda records: len(records) >= n, within=15)
 
 
 @pytest.fixture(params=["memory", "redis"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    os.environ["GATEWAY_ADMIN_TOKEN"] = ADMIN
-    redis = RedisProc(tmp_path).start() if request.param == "redis" else None
-    if redis is not None:
-        os.environ["GATEWAY_REDIS_URL"] = redis.url
-    try:
-        yield request.param
-    finally:
-        os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
-        os.environ.pop("GATEWAY_REDIS_URL", None)
-        if redis is not None:
-            redis.stop()
+def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", ADMIN)
+    if request.param == "redis":
+        request.getfixturevalue("gateway_redis")
+    return str(request.param)
 
 
 def test_shared_client_id_is_admitted_per_request(store: str, tmp_path: Path) -> None:

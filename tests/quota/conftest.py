@@ -1,31 +1,23 @@
-"""Fixtures: a redis-server and a 3-master Redis Cluster of our own, and one ``store`` fixture
-that runs the same tests against the memory, Redis (the pipelined client and redis-py) and Redis
-Cluster stores."""
+"""Fixtures: one ``store`` fixture that runs the same tests against the memory, Redis (the
+pipelined client and redis-py) and Redis Cluster stores (our own redis-server and 3-master
+cluster: ``redis_proc``, ``redis_cluster`` and ``own_redis`` of ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
 from gateway.quota import MemoryQuotaStore, QuotaStore, RedisQuotaStore
-from tests.quota.servers import RedisProc
+from tests.process_marker import PROCESS
 
 StoreFactory = Callable[..., QuotaStore]
 
 
-@pytest.fixture()
-def own_redis(tmp_path: Path) -> Iterator[RedisProc]:
-    """A redis-server this test may kill and restart."""
-    proc = RedisProc(tmp_path).start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(params=["memory", "redis", "redis-py", "cluster"])
+@pytest.fixture(params=["memory", *(pytest.param(kind, marks=PROCESS)
+                                    for kind in ("redis", "redis-py", "cluster"))])
 async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
     """Builds stores of one kind (``make_store(window=1.0)``); closes them after the test."""
     kind: str = request.param

@@ -17,7 +17,7 @@ from gateway.quota import Limits, QuotaRequest, QuotaStore, RedisQuotaStore, Res
 from gateway.quota.alerts import BudgetAlert
 from gateway.quota.limits import AlertRule, Partition
 from tests.quota.conftest import StoreFactory
-from tests.quota.servers import RedisProc
+from tests.redis_servers import RedisProc
 
 
 def org_scopes(org: Partition, tenant: str, *, team_day: int | None = None,

@@ -23,7 +23,7 @@ from gateway.quota.limits import (
 )
 from gateway.quota.redis import _calendar_text
 from gateway.quota.scripts import _COMMON
-from tests.quota.servers import RedisProc
+from tests.redis_servers import RedisProc
 
 NY = "America/New_York"
 PARIS = "Europe/Paris"

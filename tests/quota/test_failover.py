@@ -21,7 +21,7 @@ from gateway.quota import (
     RedisQuotaStore,
     Scope,
 )
-from tests.quota.servers import RedisProc
+from tests.redis_servers import RedisProc
 
 SCOPES = (Scope("tenant", Limits(rpm=10, concurrency=100)),)
 

@@ -25,7 +25,7 @@ from gateway.quota import (
     Scope,
     Usage,
 )
-from tests.quota.servers import RedisProc
+from tests.redis_servers import RedisProc
 
 SCOPES = (
     Scope(

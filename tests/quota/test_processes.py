@@ -12,8 +12,12 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from gateway.quota import Limits, QuotaRequest, RedisQuotaStore, Scope
-from tests.quota.servers import RedisProc
+from tests.redis_servers import RedisProc
+
+pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,6 +27,7 @@ from gateway.quota import (
     Reservation,
     build_scopes,
 )
+from tests.process_marker import starts_process
 
 TENANT = Limits(rpm=9, tpm=4000, concurrency=6)
 KEYS = {"k1": Limits(rpm=4), "k2": Limits(rpm=6, tpm=2500)}
@@ -87,6 +88,7 @@ async def play(stores: tuple[QuotaStore, QuotaStore], ops: list[Op]) -> None:
 
 
 @pytest.fixture(scope="module", params=["redis", "redis-py", "cluster"])
+@starts_process
 def redis_kind(request: pytest.FixtureRequest) -> tuple[str, str]:
     """(kind, url): the pipelined client and redis-py on one node, and Redis Cluster."""
     kind: str = request.param

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,9 @@ import pytest
 
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
-from tests.quota.servers import RedisProc
+from tests.redis_servers import RedisProc
+
+pytestmark = pytest.mark.process
 
 AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
 
@@ -35,18 +36,7 @@ def _chat(url: str, **kw: Any) -> httpx.Response:
     return httpx.post(url + "/v1/chat/completions", json=body, headers=AUTH, timeout=20)
 
 
-@pytest.fixture()
-def redis(tmp_path: Path) -> Iterator[RedisProc]:
-    proc = RedisProc(tmp_path).start()
-    os.environ["GATEWAY_REDIS_URL"] = proc.url
-    try:
-        yield proc
-    finally:
-        os.environ.pop("GATEWAY_REDIS_URL", None)
-        proc.stop()
-
-
-def test_rpm_exact_across_three_gateways(redis: RedisProc, tmp_path: Path) -> None:
+def test_rpm_exact_across_three_gateways(gateway_redis: RedisProc, tmp_path: Path) -> None:
     """3 gateway processes, 24 concurrent clients, rpm 40: exactly 40 admitted in the window."""
     with SimServer("interactive", speedup=20) as sim:
         data = _policy(sim.url, {"rpm": 40})
@@ -78,7 +68,7 @@ def test_rpm_exact_across_three_gateways(redis: RedisProc, tmp_path: Path) -> No
                 gw.stop()
 
 
-def test_concurrency_exact_across_gateways(redis: RedisProc, tmp_path: Path) -> None:
+def test_concurrency_exact_across_gateways(gateway_redis: RedisProc, tmp_path: Path) -> None:
     """concurrency 4 over 2 gateways: never more than 4 streams in flight at the engine."""
     with SimServer("interactive", speedup=2) as sim:
         data = _policy(sim.url, {"concurrency": 4})
@@ -114,7 +104,7 @@ def test_concurrency_exact_across_gateways(redis: RedisProc, tmp_path: Path) -> 
                 gw.stop()
 
 
-def test_redis_down_fail_closed_and_open(redis: RedisProc, tmp_path: Path) -> None:
+def test_redis_down_fail_closed_and_open(gateway_redis: RedisProc, tmp_path: Path) -> None:
     """Redis killed: fail-closed answers 503 fast; fail-open serves on local limits."""
     with SimServer("interactive", speedup=20) as sim:
         closed = GatewayProcess(tmp_path, _policy(sim.url, {"rpm": 1000}, "closed")).start()
@@ -122,7 +112,7 @@ def test_redis_down_fail_closed_and_open(redis: RedisProc, tmp_path: Path) -> No
         try:
             assert _chat(closed.url).status_code == 200
             assert _chat(opened.url).status_code == 200
-            redis.kill()
+            gateway_redis.kill()
             t0 = time.monotonic()
             r = _chat(closed.url)
             assert r.status_code == 503 and r.json()["error"]["code"] == "quota_unavailable"
@@ -133,7 +123,8 @@ def test_redis_down_fail_closed_and_open(redis: RedisProc, tmp_path: Path) -> No
             opened.stop()
 
 
-def test_workers_on_one_port_exact_quota_ledger_metrics(redis: RedisProc, tmp_path: Path) -> None:
+def test_workers_on_one_port_exact_quota_ledger_metrics(gateway_redis: RedisProc,
+                                                        tmp_path: Path) -> None:
     """`gateway serve --workers 3`: one port, one tenant; quota, ledger and metrics all exact."""
     os.environ["GATEWAY_ADMIN_TOKEN"] = "adm"
     try:
@@ -170,7 +161,7 @@ def test_workers_on_one_port_exact_quota_ledger_metrics(redis: RedisProc, tmp_pa
         os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
 
 
-def test_cost_budget_through_gateway(redis: RedisProc, tmp_path: Path) -> None:
+def test_cost_budget_through_gateway(gateway_redis: RedisProc, tmp_path: Path) -> None:
     """A tenant's daily spend budget: requests are admitted while their estimated cost fits,
     the real cost is settled, then 429 names cost_per_day."""
     with SimServer("interactive", speedup=20) as sim:
@@ -192,7 +183,8 @@ def _hammer(url: str, n: int, codes: list[int]) -> None:
         codes.append(_chat(url).status_code)  # list.append is atomic under the GIL
 
 
-def test_tpm_and_budget_exact_across_three_gateways(redis: RedisProc, tmp_path: Path) -> None:
+def test_tpm_and_budget_exact_across_three_gateways(gateway_redis: RedisProc,
+                                                    tmp_path: Path) -> None:
     """tpm and a daily token budget across 3 gateway processes: the admitted tokens never pass
     the limit (estimates equal the real usage here, so there is no overshoot to allow for)."""
     with SimServer("interactive", speedup=20) as sim:
@@ -223,10 +215,10 @@ def test_tpm_and_budget_exact_across_three_gateways(redis: RedisProc, tmp_path: 
             finally:
                 for gw in gws:
                     gw.stop()
-            redis.cli("FLUSHALL")
+            gateway_redis.cli("FLUSHALL")
 
 
-def test_settles_free_every_slot_and_reach_redis_before_exit(redis: RedisProc,
+def test_settles_free_every_slot_and_reach_redis_before_exit(gateway_redis: RedisProc,
                                                              tmp_path: Path) -> None:
     """Settles run in the background after each response: back-to-back requests on one
     connection never find their own slots still taken, and after a graceful stop every lease
@@ -251,7 +243,7 @@ def test_settles_free_every_slot_and_reach_redis_before_exit(redis: RedisProc,
             assert gw.stop() == 0
 
     async def read() -> tuple[int, int]:
-        store = RedisQuotaStore.from_url(redis.url, timeout=30.0, connect_timeout=30.0)
+        store = RedisQuotaStore.from_url(gateway_redis.url, timeout=30.0, connect_timeout=30.0)
         try:
             usage = await store.usage("acme", "tenant")
             return usage.in_flight, usage.tokens

@@ -1,25 +1,17 @@
-"""Fixtures: a redis-server a test may stop, one on a unix socket, one speaking TLS only."""
+"""Fixtures: a redis-server on a unix socket, one speaking TLS only (one a test may stop:
+``own_redis`` of ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
+from tests.process_marker import starts_process
 from tests.redis.servers import Server, SocketRedis, TlsRedis
-from tests.redis_servers import RedisProc
 
 S = TypeVar("S", bound=Server)
-
-
-@pytest.fixture()
-def own_redis(tmp_path: Path) -> Iterator[RedisProc]:
-    """A redis-server this test may stop, freeze and restart."""
-    proc = RedisProc(tmp_path).start()
-    yield proc
-    proc.stop()
 
 
 def _serving(server: S) -> Iterator[S]:
@@ -29,10 +21,12 @@ def _serving(server: S) -> Iterator[S]:
 
 
 @pytest.fixture(scope="session")
+@starts_process
 def socket_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SocketRedis]:
     yield from _serving(SocketRedis(tmp_path_factory.mktemp("sock")))
 
 
 @pytest.fixture(scope="session")
+@starts_process
 def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
     yield from _serving(TlsRedis(tmp_path_factory.mktemp("tls")))

@@ -4,10 +4,10 @@ and one speaking TLS only (a throwaway self-signed certificate made with ``opens
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
-from tests.redis_servers import REDIS_CLI, REDIS_SERVER, free_port
+from tests.ports import free_port
+from tests.redis_servers import REDIS_SERVER, ping_until_up
 
 __all__ = ["Server", "SocketRedis", "TlsRedis"]
 
@@ -30,13 +30,8 @@ class Server:
                 "--dir", str(self.dir)]
         self.proc = subprocess.Popen([*base, *self.args()], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            out = subprocess.run([REDIS_CLI, *self.ping_args(), "PING"], capture_output=True,
-                                 text=True, timeout=5)
-            if out.stdout.strip() == "PONG":
-                return self
-            time.sleep(0.05)
+        if ping_until_up(self.ping_args()):
+            return self
         self.stop()
         raise RuntimeError(f"{type(self).__name__} did not start")
 

@@ -24,7 +24,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.quota.errors import QuotaConnectError, QuotaStoreError, QuotaTimeout
 from gateway.quota.redis import map_redis_error as quota_errors
 from gateway.redis import FAILURES, Timeouts, is_no_script, is_outage, kind_of, open_redis
-from tests.redis_servers import RedisProc, free_port
+from tests.ports import free_port
+from tests.redis_servers import RedisProc
 
 CASES = [
     # (exception, kind, outage)

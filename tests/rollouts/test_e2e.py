@@ -24,6 +24,8 @@ from tests.rollouts.traffic import (
     wait_phase,
 )
 
+pytestmark = pytest.mark.process
+
 #: wall-clock stall before the first token (not divided by the simulator's speed-up)
 BASE_STALL_MS = 100.0
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +17,15 @@ from tests.helpers import GatewayProcess, policy
 from tests.redis_servers import RedisProc
 from tests.rollouts.traffic import ADMIN_TOKEN, Traffic, progressive_policy, rollout
 
+pytestmark = pytest.mark.process
+
 STEPS = [10.0, 20.0, 30.0, 40.0, 50.0, 100.0]
 
 
 @pytest.fixture()
-def redis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RedisProc]:
-    proc = RedisProc(tmp_path).start()
-    monkeypatch.setenv("GATEWAY_REDIS_URL", proc.url)
+def redis(gateway_redis: RedisProc, monkeypatch: pytest.MonkeyPatch) -> RedisProc:
     monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", ADMIN_TOKEN)
-    try:
-        yield proc
-    finally:
-        proc.stop()
+    return gateway_redis
 
 
 class Sampler:

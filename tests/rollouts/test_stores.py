@@ -89,7 +89,7 @@ def test_an_unreachable_redis_is_one_named_error() -> None:
     """No Redis listening: the store says so with its own error (the admin API's 503), not
     redis-py's."""
     from gateway.rollouts import RolloutStoreUnavailable
-    from tests.helpers import free_port
+    from tests.ports import free_port
 
     async def go() -> None:
         store = RedisRolloutStore.from_url(f"redis://127.0.0.1:{free_port()}")

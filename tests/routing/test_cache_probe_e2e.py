@@ -23,8 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.sim.server import spawn
-from tests.helpers import GatewayProcess, free_port, policy, wait_http
+from tests.helpers import GatewayProcess, SimProcess, policy
+
+pytestmark = pytest.mark.process
 
 KEYS = {t: f"sk-gw-test-{t}-" + hashlib.sha256(t.encode()).hexdigest()[:36]
         for t in ("a", "b", "c")}
@@ -33,15 +34,8 @@ PAIRS = 1_000
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[str]:
-    port = free_port()
-    proc = spawn(port, "interactive", "--speedup", "4", "--jitter", "0")
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health", proc=proc)
-        yield url
-    finally:
-        proc.kill()
-        proc.wait()
+    with SimProcess("interactive", "--speedup", "4", "--jitter", "0") as proc:
+        yield proc.url
 
 
 def _policy(sim_url: str, **isolation: Any) -> dict[str, Any]:

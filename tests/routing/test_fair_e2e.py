@@ -17,6 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.sim.server import SimServer
 from tests.helpers import GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 KEYS = {"a": "sk-gw-fair-a-0123456789abcdef0123456789abcdef",
         "b": "sk-gw-fair-b-0123456789abcdef0123456789abcdef"}
 ADMIN = "admin-fair-test"

@@ -17,6 +17,8 @@ import pytest
 from gateway.sim.server import SimServer
 from tests.helpers import GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 KEYS = {"a": "sk-gw-qshare-a-0123456789abcdef0123456789abcdef",
         "b": "sk-gw-qshare-b-0123456789abcdef0123456789abcdef"}
 ADMIN = "admin-queue-share-test"

@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
+
+pytestmark = pytest.mark.process
 
 AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
 PROBES = 12

@@ -16,28 +16,17 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.sim.server import spawn
-from tests.helpers import TEST_KEY, GatewayProcess, free_port, policy, wait_http
+from tests.helpers import TEST_KEY, GatewayProcess, policy, sim_processes
+
+pytestmark = pytest.mark.process
 
 AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
 
 
 @contextmanager
 def _sims(n: int) -> Iterator[list[str]]:
-    procs = []
-    try:
-        for _ in range(n):
-            port = free_port()
-            procs.append((f"http://127.0.0.1:{port}",
-                          spawn(port, "interactive", "--speedup", "10", "--jitter", "0")))
-        for url, proc in procs:
-            wait_http(url + "/health", proc=proc)
-        yield [url for url, _ in procs]
-    finally:
-        for _, proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+    with sim_processes(n, "interactive", "--speedup", "10", "--jitter", "0") as sims:
+        yield [sim.url for sim in sims]
 
 
 def _conversations(gw: GatewayProcess, n: int, turns: int) -> list[list[int]]:

@@ -6,9 +6,12 @@ import asyncio
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
+
+pytestmark = pytest.mark.process
 
 AUTH = {"Authorization": f"Bearer {TEST_KEY}"}
 

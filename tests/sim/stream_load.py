@@ -5,7 +5,7 @@ with aiohttp, and reports how many were open at once, tokens received, the simul
 and its step lag (how late its step timer fired on average; near the timer granularity means the
 model, not the process, sets the pace).
 
-    .venv/bin/python tests/sim/stream_load.py --streams 2000 --speedup 5 --max-tokens 64
+    .venv/bin/python -m tests.sim.stream_load --streams 2000 --speedup 5 --max-tokens 64
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import aiohttp
 import uvloop
 
 from gateway.sim.server import spawn
+from tests.ports import free_port
 
 __all__ = ["main"]
 
@@ -36,12 +36,6 @@ class Result:
     first_at: float = 0.0
     done_at: float = 0.0
     tokens: int = 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -149,7 +143,7 @@ def main() -> None:
             report = runner.run(_run(args, f"http://127.0.0.1:{args.port}", args.pid))
         print(json.dumps(report, indent=2))
         return
-    port = _free_port()
+    port = free_port()
     proc = spawn(port, args.profile, "--speedup", str(args.speedup), "--queue-limit", "100000")
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

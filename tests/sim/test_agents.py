@@ -23,7 +23,7 @@ from gateway.sim.answer import decide
 from gateway.sim.server import SimServer
 from gateway.tokenizers import count_chat_prompt
 
-FIXTURES = Path(__file__).resolve().parent.parent / "apis" / "fixtures"
+FIXTURES = Path(__file__).resolve().parent.parent / "dialects" / "fixtures"
 USER = [{"role": "user", "content": "Tell me about continuous batching."}]
 
 

@@ -144,6 +144,7 @@ RENDER = "import sys; from gateway.telemetry.metrics import Metrics; " \
          "sys.stdout.buffer.write(Metrics().render()[0])"
 
 
+@pytest.mark.process
 def test_multiprocess_mode_merges_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                           ) -> None:
     """Two worker processes write; any process renders the sum; a dead worker's live gauges go."""

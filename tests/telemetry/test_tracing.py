@@ -59,6 +59,7 @@ def test_off_by_default_returns_the_shared_noop() -> None:
     span.end(FakeContext(), FakeUsage(), tenant="t")
 
 
+@pytest.mark.process
 def test_off_does_not_import_the_sdk() -> None:
     """A gateway with tracing off never loads the OpenTelemetry SDK (a fresh interpreter)."""
     import subprocess

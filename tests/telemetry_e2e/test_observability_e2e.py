@@ -11,10 +11,13 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 from tests.telemetry.test_otlp_export import Collector, _value
+
+pytestmark = pytest.mark.process
 
 BACKEND_SECRET = "backend-secret-value-XYZ123"
 ADMIN = "admin-secret-token-ABC987"

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from gateway.tokenizers import BPE_FILES, count_chat_prompt, count_text, verify_bpe_files
 
 
@@ -21,6 +23,7 @@ def test_bpe_hashes_match_tiktoken() -> None:
         assert expected in source
 
 
+@pytest.mark.process
 def test_loads_with_network_unreachable() -> None:
     """A fresh process with every proxy pointing at a closed port and no cache still counts."""
     env = {
@@ -84,6 +87,7 @@ print(rss_kb() - before, len(enc.encode_ordinary("hello world")), enc.n_vocab,
 """
 
 
+@pytest.mark.process
 def test_an_encoding_keeps_one_copy_of_its_ranks_in_memory() -> None:
     """tiktoken keeps the 200,000 ranks twice, in its Rust core and in a Python dict read only
     to pickle the encoding; the gateway drops the dict: a worker loading o200k_base grows by

@@ -27,6 +27,8 @@ from gateway.sim.faults import FaultConfig
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 ADMIN = "admin-continuation-e2e"
 TOKENS = 8
 MESSAGES = [{"role": "user", "content": "tell me something"}]

@@ -30,6 +30,7 @@ from gateway.routing.pool import PoolState
 from gateway.upstream.monitors import Monitors
 from tests.fake_engine import OVERFLOW, Engine, FakeEngines
 from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.process_marker import starts_process
 
 LLAMACPP_METRICS = b"""# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
 # TYPE llamacpp:prompt_tokens_total counter
@@ -96,6 +97,7 @@ POOL_ENGINE = {"llama": "llamacpp", "silent": None, "vllm": "vllm", "hosted": "o
 
 
 @pytest.fixture(scope="module")
+@starts_process
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayProcess,
                                                                     FakeEngines]]:
     tmp = tmp_path_factory.mktemp("engines")

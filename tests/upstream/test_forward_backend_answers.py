@@ -17,6 +17,7 @@ from gateway.config.model import Backend
 from gateway.routing.backend import BackendState
 from gateway.upstream.forward import parse_retry_after
 from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.process_marker import starts_process
 
 PATIENCE = 30.0
 BACKEND_KEY = "sk-backend-0123456789abcdefSECRET"
@@ -56,6 +57,7 @@ OK = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": 
 
 
 @pytest.fixture(scope="module")
+@starts_process
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     backend = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
     threading.Thread(target=backend.serve_forever, daemon=True).start()

@@ -18,6 +18,8 @@ import pytest
 
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 BACKEND_KEY = "sk-backend-topsecret-0123456789abcdef"
 CHAT = {"model": "chat-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 

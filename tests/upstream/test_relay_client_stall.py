@@ -23,7 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import TEST_KEY, GatewayProcess, policy
+from tests.helpers import TEST_KEY, GatewayProcess, policy, wait_usage_records
+
+pytestmark = pytest.mark.process
 
 ADMIN = "admin-client-stall-test"
 PATIENCE = 30.0  # seconds; the stall bound is 1 s, the total deadline 600 s
@@ -100,16 +102,7 @@ def stream_request(max_tokens: int) -> bytes:
 
 def records(gw: GatewayProcess, count: int) -> list[dict[str, Any]]:
     """The usage records, once there are ``count`` (or PATIENCE has passed)."""
-    deadline = time.monotonic() + PATIENCE
-    while True:
-        now = int(time.time() * 1000)
-        r = httpx.get(gw.url + "/admin/usage/export", headers={"Authorization": f"Bearer {ADMIN}"},
-                      params={"start_ms": now - 3_600_000, "end_ms": now + 60_000})
-        assert r.status_code == 200, r.text
-        found = [json.loads(line) for line in r.text.splitlines() if line]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
+    return wait_usage_records(gw.url, ADMIN, lambda found: len(found) >= count, within=PATIENCE)
 
 
 def metric(gw: GatewayProcess, name: str, **labels: str) -> float | None:

@@ -17,6 +17,8 @@ import pytest
 
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 PATIENCE = 40.0  # seconds; the deadline is 3 s
 TOTAL = 3.0
 

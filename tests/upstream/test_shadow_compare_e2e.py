@@ -25,6 +25,8 @@ import pytest
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, GatewayProcess, policy
 
+pytestmark = pytest.mark.process
+
 ADMIN = "admin-test-token"
 CLOSED_KEY = "sk-gw-closed-0123456789abcdef0123456789abcdef01"
 MODEL = "chat-model"

@@ -44,6 +44,7 @@ def test_kernel_counts_grow_with_system_calls_and_sleeps() -> None:
     assert after["involuntary"] >= before["involuntary"]
 
 
+@pytest.mark.process
 def test_cpu_seconds_count_the_workers_a_process_forked() -> None:
     """A gateway with ``--workers 2`` does its work in child processes: their CPU counts."""
     burn = ("import time\nd = time.process_time() + 0.3\n"
@@ -70,6 +71,7 @@ def test_arguments_are_checked() -> None:
         parse_args(["--pairs", "0"])
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("shim", [True, False])
 def test_output_reaches_the_log_through_the_shim_or_directly(tmp_path: Path, shim: bool) -> None:
     """With the log shim the process writes to a pipe (as under a container runtime) and
