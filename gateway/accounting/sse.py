@@ -315,7 +315,9 @@ class StreamScanner:
 
     def _event(self, event: bytes) -> bytes | None:
         """Note what one event says; None to forward it as is, else its replacement (b"": drop)."""
-        if event.startswith(b"data: ") and b"\n" not in event:
+        # ``find``, not ``in``: CPython's bytes ``in`` first tries the operand as an integer
+        # and builds (and drops) a TypeError for a bytes one, twice the cost, on every event
+        if event.startswith(b"data: ") and event.find(b"\n") < 0:
             return self._data(event[6:])
         payload = _data_field(event)
         return None if payload is None else self._data(payload)  # None: a comment, keep-alive
