@@ -18,6 +18,7 @@ from gateway.config.base import (
     PolicyStruct,
     PositiveInt,
 )
+from gateway.config.pools import Continuation
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_TOKENS",
@@ -226,6 +227,10 @@ class Model(PolicyStruct, frozen=True):
     #: keep a caller on one version: per API key, per conversation, or not at all
     sticky: Literal["none", "key", "conversation"] = "none"
     shadow: Shadow | None = None
+    #: a broken stream of this model continued on another backend of its pool; set, it takes
+    #: the place of the pool's ``continuation`` for this model (on for a model whose pool's
+    #: backends serve the same weights, off for one whose do not)
+    continuation: Continuation | None = None
 
     def __post_init__(self) -> None:
         if (self.max_output_tokens is not None and self.context_length is not None

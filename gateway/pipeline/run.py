@@ -161,7 +161,7 @@ class Pipeline:
             closing = Closing(self, x, forwarded, x.dialect.saver(x.parsed, plan,
                                                                    x.conversation))
             # a stream broken after its first byte may go on on another backend
-            continuer = _continuer(forwarded, scanner, plan, router=runtime.router,
+            continuer = _continuer(forwarded, scanner, plan, x.model, router=runtime.router,
                                    upstream=services.upstream, route=route, ctx=ctx,
                                    path=plan.path, body=body, headers=headers,
                                    timeouts=timeouts, count_text=meter.counter.count_text,
@@ -424,11 +424,12 @@ def _weight(runtime: Runtime, tenant: str | None) -> float:
     return plan.weight if plan is not None else 1.0
 
 
-def _continuer(forwarded: Forwarded, scanner: Scanner | None, plan: Upstream, **args: Any
-               ) -> Continuer | None:
-    """The stream's continuation on another backend, when its pool's ``continuation`` is on
-    and the backend streams chat completions (a chat stream, or one translated to chat)."""
-    settings = forwarded.pool.config.continuation
+def _continuer(forwarded: Forwarded, scanner: Scanner | None, plan: Upstream, model: Model,
+               **args: Any) -> Continuer | None:
+    """The stream's continuation on another backend, when its model's ``continuation`` (else
+    its pool's) is on and the backend streams chat completions (a chat stream, or one
+    translated to chat)."""
+    settings = model.continuation or forwarded.pool.config.continuation
     if (not settings.enabled or scanner is None or forwarded.first_chunk is None
             or not plan.streams_chat):
         return None

@@ -185,6 +185,35 @@ def test_without_continuation_the_break_ends_with_the_error_event(
         assert record["backend"] == "faulty"
 
 
+@pytest.mark.parametrize(("pool_on", "model_on"), [(False, True), (True, False)],
+                         ids=["model-on-pool-off", "model-off-pool-on"])
+def test_the_models_setting_takes_the_place_of_the_pools(
+        sims: tuple[SimServer, SimServer], tmp_path: Path, pool_on: bool,
+        model_on: bool) -> None:
+    """``models[].continuation`` decides for its model, whatever its pool says: on, the break
+    is continued whole; off, it ends with the error event."""
+    faulty, good = sims
+    data = _policy(faulty, good, enabled=pool_on)
+    data["models"][0]["continuation"] = {"enabled": model_on, "max_attempts": 1}
+    whole = _whole(sims)
+    for gw in _started(tmp_path, data):
+        _break_after(faulty, 3)
+        try:
+            if model_on:
+                text, _, request_id = _stream(gw)
+                assert text == whole
+            else:
+                stream = _client(gw).chat.completions.create(
+                    model="chat-model", max_tokens=TOKENS, stream=True, messages=MESSAGES)
+                request_id = stream.response.headers["x-request-id"]
+                with pytest.raises(openai.APIError):
+                    for _ in stream:
+                        pass
+        finally:
+            _break_after(faulty, None)
+        assert _record(gw, request_id)["continued"] is model_on
+
+
 def _events(gw: GatewayProcess, path: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]],
                                                                           str]:
     """The data of each SSE event of a streamed answer in another API, and the request id."""
