@@ -11,11 +11,15 @@ may split lines and events anywhere. It
 * notes ``data: [DONE]``;
 * optionally strips the usage event, when the gateway asked for usage but the client did not.
 
-Cost per chunk: one ``rfind`` for the last event boundary, one ``split``, and one msgspec decode
-per event into ``ChatChunk``, the one Struct of a chat chunk in the gateway (what this scanner and
-the stream translators of ``gateway.dialects`` read); everything else in the event is skipped by the
-decoder without building objects. A translated stream is decoded here only: with
-``keep_chunks`` the scanner keeps each decoded chunk for the translator (``chunks``).
+Cost per chunk: one ``rfind`` for the last event boundary, one ``split``, and the events'
+decoding into ``ChatChunk``, the one Struct of a chat chunk in the gateway (what this scanner and
+the stream translators of ``gateway.dialects`` read); everything else in the event is skipped by
+the decoder without building objects. An event that may carry usage (its ``"usage"`` is not
+``null``) is decoded at once; the others wait, as the bytes received, and are decoded together
+(``PENDING_EVENTS`` at a time, or when the text is read): one decode of many events costs a
+fraction of one call each, and nothing reads the text before the stream ends but a
+continuation, which reads it then. A translated stream is decoded here only, each event at once:
+with ``keep_chunks`` the scanner keeps each decoded chunk for the translator (``chunks``).
 
 Forwarding (the return value of :meth:`StreamScanner.feed`):
 
@@ -147,6 +151,23 @@ class ChatChunk(msgspec.Struct, gc=False):
 
 
 _decode_chunk = msgspec.json.Decoder(ChatChunk).decode
+_decode_chunks = msgspec.json.Decoder(list[ChatChunk]).decode
+#: events decoded together, at most (bounds what a stream holds undecoded)
+PENDING_EVENTS = 64
+_USAGE_KEY = b'"usage"'
+
+
+def _may_carry_usage(payload: bytes) -> bool:
+    """Whether an event's data may hold a usage object: a ``"usage"`` key whose value is not
+    ``null`` (OpenAI sends ``"usage": null`` on every chunk but the last with
+    ``include_usage``). A false alarm costs only an early decode."""
+    at = payload.find(_USAGE_KEY)
+    while at >= 0:
+        after = payload[at + 7:at + 24].lstrip()
+        if after[:1] == b":" and not after[1:].lstrip().startswith(b"null"):
+            return True
+        at = payload.find(_USAGE_KEY, at + 7)
+    return False
 _to_wire = msgspec.convert
 _decode_any = msgspec.json.decode
 _encode = msgspec.json.encode
@@ -161,18 +182,19 @@ class StreamScanner:
     """
 
     __slots__ = (
+        "_events",
         "_extra",
+        "_malformed",
+        "_pending",
         "_sep",
         "_skipping",
         "_strip",
         "_tail",
         "_text",
+        "_undecodable",
         "chunks",
         "done",
-        "events",
-        "malformed",
         "max_event_bytes",
-        "undecodable",
         "usage",
     )
 
@@ -187,15 +209,37 @@ class StreamScanner:
         self._extra: list[str] = []  # reasoning, tool-call names and arguments
         self.usage: BackendUsage | None = None
         self.done = False
-        self.events = 0
-        #: events not counted: not JSON of a chat chunk, or with a usage not of its shape
-        self.malformed = 0
-        #: of those, the events not JSON of a chat chunk (a translator skips only these)
-        self.undecodable = 0
+        self._events = 0
+        self._malformed = 0
+        self._undecodable = 0
+        #: the data of events not decoded yet (no usage in them), in stream order
+        self._pending: list[bytes] = []
         #: with ``keep_chunks``: every event decoded since the reader last emptied the list,
         #: in stream order (None: ``[DONE]``), for a stream translator to read instead of
         #: decoding the events again; else None
         self.chunks: list[ChatChunk | None] | None = [] if keep_chunks else None
+
+    @property
+    def events(self) -> int:
+        """Chat chunks counted."""
+        if self._pending:
+            self._settle()
+        return self._events
+
+    @property
+    def malformed(self) -> int:
+        """Events not counted: not JSON of a chat chunk, or with a usage not of its shape."""
+        if self._pending:
+            self._settle()
+        return self._malformed
+
+    @property
+    def undecodable(self) -> int:
+        """Of ``malformed``, the events not JSON of a chat chunk (a translator skips only
+        these)."""
+        if self._pending:
+            self._settle()
+        return self._undecodable
 
     def feed(self, chunk: bytes) -> bytes:
         """Scan a chunk; return the bytes to forward to the client now (may be empty)."""
@@ -241,12 +285,16 @@ class StreamScanner:
 
     def delivered_text(self) -> str:
         """Everything generated that was sent: content of all choices, reasoning, tool calls."""
+        if self._pending:
+            self._settle()
         content = "".join("".join(self._text[i]) for i in sorted(self._text))
         return content + "".join(self._extra) if self._extra else content
 
     def reply_text(self) -> str | None:
         """The reply a chat client will re-send as an assistant message, if it is plain text:
         the content of the only choice, with no reasoning or tool calls; else None."""
+        if self._pending:
+            self._settle()
         if len(self._text) != 1 or self._extra:
             return None
         return "".join(next(iter(self._text.values())))
@@ -329,11 +377,19 @@ class StreamScanner:
             if self.chunks is not None:
                 self.chunks.append(None)
             return None
+        if self.chunks is None and not _may_carry_usage(payload):
+            pending = self._pending
+            pending.append(payload)  # decoded later, with others (the text keeps its order)
+            if len(pending) >= PENDING_EVENTS:
+                self._settle()
+            return None
+        if self._pending:
+            self._settle()  # the text before this event's
         try:
             parsed = _decode_chunk(payload)
         except msgspec.DecodeError:
-            self.malformed += 1
-            self.undecodable += 1
+            self._malformed += 1
+            self._undecodable += 1
             return None
         if self.chunks is not None:
             self.chunks.append(parsed)
@@ -342,10 +398,10 @@ class StreamScanner:
             try:
                 usage = _to_wire(parsed.usage, WireUsage)
             except msgspec.ValidationError:
-                self.malformed += 1  # counted as a malformed event, its text too
+                self._malformed += 1  # counted as a malformed event, its text too
                 self.usage = malformed_usage()  # not believed: the gateway estimates
                 return None
-        self.events += 1
+        self._events += 1
         if parsed.choices:
             self._collect(parsed.choices)
         if usage is None:
@@ -354,6 +410,36 @@ class StreamScanner:
         if not self._strip:
             return None
         return _without_usage(payload) if parsed.choices else b""
+
+    def _settle(self) -> None:
+        """Decode the waiting events, all in one call when they all are chat chunks (else
+        each alone, so a bad one is counted as today and the others still count)."""
+        pending, self._pending = self._pending, []
+        try:
+            parsed = _decode_chunks(b"[" + b",".join(pending) + b"]")
+        except msgspec.DecodeError:
+            parsed = None
+        if parsed is None or len(parsed) != len(pending):  # one did not decode alone
+            parsed = []
+            for payload in pending:
+                try:
+                    parsed.append(_decode_chunk(payload))
+                except msgspec.DecodeError:
+                    self._malformed += 1
+                    self._undecodable += 1
+        collect = self._collect
+        for chunk in parsed:
+            if chunk.usage is not None:  # a usage the quick look missed (spelt unusually)
+                try:
+                    self.usage = _to_wire(chunk.usage, WireUsage).normalise(
+                        timings_cache_n(chunk.timings))
+                except msgspec.ValidationError:
+                    self._malformed += 1
+                    self.usage = malformed_usage()
+                    continue
+            self._events += 1
+            if chunk.choices:
+                collect(chunk.choices)
 
     def _collect(self, choices: list[ChunkChoice]) -> None:
         for choice in choices:
