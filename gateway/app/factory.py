@@ -315,8 +315,9 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
     # since /v1/responses itself is a proxied route (no framework mount can sit on it)
     app.prefix_routes = ((STORED_PREFIX, StoredResponsesHandler(current, gateway.responses)),)
     # the web console (off unless ``console.enabled``; a 404 like any unknown route then)
-    app.prefix_routes += ((CONSOLE_PREFIX, console_edge(current, gateway.ledger,
-                                                        gateway.ledger_caught_up)),)
+    app.prefix_routes += ((CONSOLE_PREFIX, console_edge(
+        current, gateway.ledger, gateway.ledger_caught_up, keystore=gateway.keystore,
+        quota=gateway.quota, rollouts=gateway.rollouts)),)
     return app
 
 

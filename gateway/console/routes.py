@@ -4,12 +4,17 @@
 - ``GET|POST /console/login``: a tenant signs in with an API key, the operator with the admin
   token (``GATEWAY_ADMIN_TOKEN``), in a POST form (never in a URL). The form carries a
   sign-in CSRF token matched against a short-lived SameSite=Strict cookie, so another site
-  cannot sign a browser into its own tenant.
+  cannot sign a browser into its own tenant. At most 10 failed sign-ins per client address a
+  minute (:mod:`gateway.console.signin_limit`), then 429 with ``Retry-After``. Sign-ins
+  (failed ones too) and sign-outs go to the admin audit log.
 - ``POST /console/logout``: ends the session (its CSRF token required).
 - ``GET /console/tenants/{tenant}[?month=YYYY-MM]``: the month's usage per day and model, the
   limits; ``.../export.csv``: the month's records. A tenant's session sees its own tenant
   only (403 for any other); the operator's sees every tenant.
 - ``GET /console/operator`` and ``/console/operator/live.json``: the operator's pages.
+- The tenant's keys (:mod:`gateway.console.keys`), the operator's rollout actions
+  (:mod:`gateway.console.rollouts`) and audit page (:mod:`gateway.console.audit`): handlers of
+  their own modules, registered here, sharing :class:`gateway.console.kit.Kit`.
 - ``GET /console/static/{name}``: the vendored chart library, the script and the style sheet,
   cached for a year (their URLs carry a content hash).
 
@@ -21,23 +26,26 @@ always the session's, never a form's or a query's.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import os
 import time
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-from litestar import Litestar, Request, Response, get, post
+from litestar import Litestar, Response, get, post
 from litestar.datastructures import Cookie
 from litestar.exceptions import HTTPException
 from litestar.response import Redirect, Stream
 
 from gateway.api.admin import ADMIN_TOKEN_ENV, is_admin_credential
+from gateway.console.audit import audit_handlers
+from gateway.console.keys import key_handlers, key_section
+from gateway.console.kit import COOKIE, AnyRequest, Kit, client_host, static_files, templates
+from gateway.console.limits import limits_in_use
 from gateway.console.live import pool_stats
+from gateway.console.rollouts import rollout_handlers, rollout_rows
 from gateway.console.sessions import Session, Sessions, new_token
+from gateway.console.signin_limit import SignInLimiter
 from gateway.console.views import (
     Month,
     MonthError,
@@ -54,43 +62,19 @@ from gateway.ledger.window import today_window
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from gateway.console.services import Services
     from gateway.ledger.sql.store import SqlLedger
     from gateway.runtime import Runtime
 
 __all__ = ["COOKIE", "LOGIN_COOKIE", "console_app"]
 
-COOKIE = "gw_console"
 LOGIN_COOKIE = "gw_console_login"
 #: how long a sign-in form stays usable (seconds)
 LOGIN_FORM_SECONDS = 600
 #: the longest secret a sign-in form may carry
 _MAX_SECRET = 512
-_STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
-                 ".md": "text/plain; charset=utf-8"}
 _STATIC_CACHE = "public, max-age=31536000, immutable"
 _log = logging.getLogger("gateway.console")
-
-AnyRequest = Request[Any, Any, Any]
-
-
-def _static_files() -> dict[str, tuple[bytes, str]]:
-    """The static files, read once: name -> (content, media type)."""
-    files: dict[str, tuple[bytes, str]] = {}
-    for entry in resources.files("gateway.console").joinpath("static").iterdir():
-        suffix = "." + entry.name.rpartition(".")[2]
-        if entry.is_file() and suffix in _STATIC_TYPES:
-            files[entry.name] = (entry.read_bytes(), _STATIC_TYPES[suffix])
-    return files
-
-
-def _templates(static: dict[str, tuple[bytes, str]]) -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("gateway.console", "templates"),
-        autoescape=True, undefined=jinja2.StrictUndefined,
-    )
-    versions = {name: hashlib.sha256(data).hexdigest()[:12] for name, (data, _) in static.items()}
-    env.globals["static"] = lambda name: f"/console/static/{name}?v={versions[name]}"
-    return env
 
 
 def _secure(request: AnyRequest) -> bool:
@@ -98,32 +82,24 @@ def _secure(request: AnyRequest) -> bool:
 
 
 def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Sessions,
-                caught_up: Callable[[], Awaitable[None]] | None = None) -> Litestar:
+                caught_up: Callable[[], Awaitable[None]] | None = None,
+                services: Services | None = None,
+                sign_ins: SignInLimiter | None = None) -> Litestar:
     """The console app over the policy in force, the ledger of record and a session store.
-    ``caught_up``: awaited before each usage read (the workers' buffered records flushed)."""
-    static = _static_files()
-    env = _templates(static)
+    ``caught_up``: awaited before each usage read (the workers' buffered records flushed);
+    ``services``: the key store, quota store, rollouts and audit log it acts on (default:
+    none of the first three, this process's audit trail); ``sign_ins``: the bound on failed
+    sign-ins."""
+    if services is None:
+        from gateway.console.audit_log import audit_trail
+        from gateway.console.services import Services
 
-    def page(name: str, status: int = 200, **context: Any) -> Response[str]:
-        html = env.get_template(name).render(**context)
-        return Response(html, status_code=status, media_type="text/html; charset=utf-8")
-
-    def refuse(status: int, message: str, session: Session | None = None) -> Response[str]:
-        return page("error.html", status, message=message, session=session, code=status)
-
-    async def signed_in(request: AnyRequest) -> Session | None:
-        """The request's live session; a tenant's ends with its key (revoked, expired)."""
-        session_id = request.cookies.get(COOKIE)
-        session = await sessions.get(session_id)
-        if session is not None and session.key_id is not None \
-                and not await current().resolver.key_usable(session.key_id):
-            await sessions.delete(session_id)
-            return None
-        return session
-
-    async def catch_up() -> None:
-        if caught_up is not None:
-            await caught_up()
+        services = Services(audit_trail())
+    static = static_files()
+    kit = Kit(current, ledger, sessions, templates(static), services, caught_up)
+    page, refuse, signed_in = kit.page, kit.refuse, kit.signed_in
+    audit = services.audit
+    limiter = sign_ins or SignInLimiter()
 
     def home_of(session: Session) -> str:
         if session.role == "operator":
@@ -147,6 +123,13 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
 
     @post("/console/login", status_code=303)
     async def login(request: AnyRequest) -> Response[Any]:
+        client = client_host(request)
+        wait = limiter.retry_after(client)
+        if wait is not None:
+            audit.record("/console/login", client, "-", "sign-in refused: too many failures",
+                         429)
+            return refuse(429, "Too many failed sign-ins from your address: try again in "
+                               f"{wait} s.", headers={"retry-after": str(wait)})
         form = await request.form()
         sent, expected = str(form.get("csrf", "")), request.cookies.get(LOGIN_COOKIE, "")
         if not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
@@ -157,6 +140,7 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
                 and is_admin_credential(f"Bearer {secret}".encode()):
             session_id, session = await sessions.create("operator", minutes)
             _log.info("console: operator signed in")
+            audit.record("/console/login", client, "operator", "signed in", 303)
         elif role == "tenant" and 0 < len(secret) <= _MAX_SECRET \
                 and (identity := await current().resolver.identify(secret)) is not None:
             session_id, session = await sessions.create(
@@ -164,7 +148,12 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
                 key_limits=identity.limits)
             _log.info("console: tenant %s signed in (key %s)", identity.tenant,
                       identity.key_id)
+            audit.record("/console/login", client, f"tenant {identity.tenant}",
+                         f"signed in with key {identity.key_id}", 303)
         else:
+            limiter.failed(client)
+            who = "operator" if role == "operator" else "tenant"
+            audit.record("/console/login", client, "-", f"{who} sign-in failed", 401)
             what = "admin token" if role == "operator" else "API key"
             return page("login.html", 401, csrf=expected, session=None,
                         error=f"That {what} was not accepted.", operator=_operator_enabled())
@@ -178,39 +167,32 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
 
     @post("/console/logout", status_code=303)
     async def logout(request: AnyRequest) -> Response[Any]:
-        session = await signed_in(request)
-        form = await request.form()
-        if session is None or not hmac.compare_digest(str(form.get("csrf", "")).encode(),
-                                                      session.csrf.encode()):
+        posted = await kit.posted(request)
+        if isinstance(posted, Redirect):  # no session: nothing to sign out, refused as before
             return refuse(403, "Refused: this form did not come from your console session.")
+        if not isinstance(posted, tuple):
+            return posted
+        session = posted[0]
         await sessions.delete(request.cookies.get(COOKIE))
+        who = session.role if session.tenant is None else f"tenant {session.tenant}"
         _log.info("console: %s signed out", session.tenant or session.role)
+        audit.record("/console/logout", client_host(request), who, "signed out", 303)
         response = Redirect("/console/login", status_code=303)
         response.delete_cookie(COOKIE, path="/console")
         return response
-
-    async def tenant_session(request: AnyRequest, tenant: str) -> Session | Response[Any]:
-        session = await signed_in(request)
-        if session is None:
-            return Redirect("/console/login", status_code=303)
-        if session.role != "operator" and session.tenant != tenant:
-            _log.warning("console: tenant %s refused the page of tenant %s", session.tenant,
-                         tenant[:128])
-            return refuse(403, "This page belongs to another tenant.", session)
-        return session
 
     async def tenant_month_of(request: AnyRequest, tenant: str
                               ) -> tuple[Session, Month] | Response[Any]:
         """The session allowed ``tenant``'s pages and the month asked for (``?month=``), the
         ledger caught up with the answers already given; else the refusal to send."""
-        session = await tenant_session(request, tenant)
+        session = await kit.tenant_session(request, tenant)
         if not isinstance(session, Session):
             return session
         try:
             month = parse_month(request.query_params.get("month"))
         except MonthError as exc:
             return refuse(400, str(exc), session)
-        await catch_up()
+        await kit.catch_up()
         return session, month
 
     @get("/console/tenants/{tenant:str}")
@@ -225,12 +207,16 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
         today = today_window()
         month_total = await read_rows(ledger, tenant, this_month.lo, this_month.hi, ())
         today_total = await read_rows(ledger, tenant, today.lo, today.hi, ())
+        key_id = session.key_id if session.tenant == tenant else None
         return page(
             "tenant.html", session=session,
             view=tenant_month(tenant, month, rows, runtime.policy.prices.currency),
             limits=limit_lines(runtime, tenant, today_total[0] if today_total else None,
                                month_total[0] if month_total else None,
                                session.key_limits),
+            in_use=await limits_in_use(runtime, services.quota, tenant, key_id,
+                                       session.key_limits if key_id else None),
+            keys=await key_section(kit, tenant),
         )
 
     @get("/console/tenants/{tenant:str}/export.csv")
@@ -256,12 +242,13 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
         except MonthError as exc:
             return refuse(400, str(exc), session)
         runtime = current()
-        await catch_up()
+        await kit.catch_up()
         rows = await read_rows(ledger, None, month.lo, month.hi, ("tenant",))
         return page("operator.html", session=session, month=month,
                     currency=runtime.policy.prices.currency,
                     tenants=tenant_spend(runtime.tenants, rows),
-                    pools=pool_stats(runtime.router, time.monotonic()))
+                    pools=pool_stats(runtime.router, time.monotonic()),
+                    rollouts=await rollout_rows(services.rollouts))
 
     @get("/console/operator/live.json")
     async def operator_live(request: AnyRequest) -> Response[Any]:
@@ -292,7 +279,8 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
 
     return Litestar(
         route_handlers=[home, login_form, login, logout, tenant_page, tenant_export,
-                        operator_page, operator_live, static_file],
+                        operator_page, operator_live, static_file, *key_handlers(kit),
+                        *rollout_handlers(kit), *audit_handlers(kit)],
         exception_handlers={HTTPException: on_http_error, LedgerUnavailable: on_ledger_error,
                             Exception: on_unexpected},
         request_max_body_size=16 * 1024,

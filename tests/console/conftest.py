@@ -1,5 +1,6 @@
 """A real ``gateway serve`` with the console on, over a SQLite ledger seeded with this month's
-usage of three tenants; acme's and globex's keys, and the admin token."""
+usage of three tenants; acme's and globex's keys (globex in team ``labs`` of organization
+``corp``, both with budgets), managed keys in a keys file, and the admin token."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 ADMIN = "console-admin-test-token"
 ACME_KEY = TEST_KEY
 GLOBEX_KEY = "sk-gw-console-globex-0123456789abcdef0123456789abcd"
+#: the secret of managed keys' hashes (``auth.key_secret_env``)
+KEY_SECRET = "console-test-key-secret-0123456789"
 
 
 def console_policy(sim: SimServer, tmp: Path, **console: Any) -> dict[str, Any]:
@@ -36,21 +39,31 @@ def console_policy(sim: SimServer, tmp: Path, **console: Any) -> dict[str, Any]:
     ]
     data["plans"] = [{"name": "std", "limits": {"rpm": 600, "tokens_per_day": 5_000_000,
                                                  "cost_per_month": "100"}}]
-    data["tenants"] = [{"name": "acme", "plan": "std"}, {"name": "globex", "plan": "std"},
+    data["tenants"] = [{"name": "acme", "plan": "std"},
+                       {"name": "globex", "plan": "std", "team": "labs"},
                        {"name": "quiet", "plan": "std"}]
+    data["organizations"] = [{"name": "corp", "limits": {"cost_per_month": "500"},
+                              "alerts": {"thresholds": [50, 90]}}]
+    data["teams"] = [{"name": "labs", "organization": "corp",
+                      "limits": {"tokens_per_month": 9_000_000}}]
+    data["auth"]["cache_ttl"] = 0.2  # a revoked managed key stops within 0.2 s
     data["console"] = {"enabled": True, **console}
-    data["store"] = {"data_dir": str(tmp / "data"), "spool_dir": str(tmp / "spool")}
+    data["store"] = {"data_dir": str(tmp / "data"), "spool_dir": str(tmp / "spool"),
+                     "keys_file": str(tmp / "data" / "keys.json")}
     return data
 
 
-def start_console(sim: SimServer, tmp: Path, **console: Any) -> GatewayProcess:
+def start_console(sim: SimServer, tmp: Path, data: dict[str, Any] | None = None,
+                  **console: Any) -> GatewayProcess:
+    """The gateway over ``data`` (default: :func:`console_policy`)."""
     asyncio.run(seed(SqliteLedger(tmp / "data" / "ledger.db", spool_dir=tmp / "seed")))
     with pytest.MonkeyPatch.context() as env:
         env.setenv("GATEWAY_ADMIN_TOKEN", ADMIN)
+        env.setenv("GATEWAY_KEY_SECRET", KEY_SECRET)
         env.setenv("GATEWAY_ACCESS_LOG", "off")
         env.delenv("GATEWAY_LEDGER_URL", raising=False)
         env.delenv("GATEWAY_REDIS_URL", raising=False)
-        return GatewayProcess(tmp, console_policy(sim, tmp, **console)).start()
+        return GatewayProcess(tmp, data or console_policy(sim, tmp, **console)).start()
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
 """The console in a real browser: Debian's chromium, headless, driven by Selenium through
 chromedriver (nothing downloaded). A tenant signs in, the stacked chart is drawn (a canvas
 Chart.js rendered into), the page holds its own rows only, no Content-Security-Policy
-violation reaches the console log; then the operator's pools table refreshes by itself.
+violation reaches the console log; then the operator's pools table refreshes by itself. A
+tenant creates a key on its page, uses it with the openai client, revokes it and is refused;
+an operator rolls a canary back from the page and the next requests go to the stable version.
 
 Screenshots go to ``$CONSOLE_SCREENSHOT_DIR`` (default: the test's tmp dir). Skipped when
 chromium or chromedriver is missing (``make system-deps`` installs both), except under CI."""
@@ -10,16 +12,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.console.conftest import ACME_KEY, ADMIN
+from tests.console.conftest import ACME_KEY, ADMIN, GLOBEX_KEY, console_policy, start_console
+from tests.helpers import policy, usage_records
+from tests.rollouts.traffic import progressive_policy
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from gateway.sim.server import SimServer
     from tests.helpers import GatewayProcess
 
 pytestmark = [pytest.mark.browser, pytest.mark.process]
@@ -124,4 +130,105 @@ def test_the_operators_pools_refresh_without_a_reload(console: GatewayProcess, b
     assert browser.execute_script("return window.__same_page === true;")  # no reload
     assert "chat-0" in table.text
     browser.save_screenshot(str(_shots(tmp_path) / "console-operator.png"))
+    assert _csp_violations(browser) == []
+
+
+def _chat(url: str, key: str) -> tuple[int, str]:
+    """One chat completion with the openai client: (status, the pool that served it)."""
+    import openai
+
+    api = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30)
+    try:
+        answer = api.chat.completions.with_raw_response.create(
+            model="chat-model", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+    except openai.APIStatusError as exc:
+        return exc.status_code, ""
+    return answer.status_code, answer.headers.get("x-gateway-pool", "")
+
+
+def test_a_tenant_creates_uses_and_revokes_a_key(console: GatewayProcess, browser: Any,
+                                                 tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    _sign_in(browser, console.url, "tenant-login", ACME_KEY)
+    WebDriverWait(browser, 20).until(lambda d: d.current_url.endswith("/console/tenants/acme"))
+    browser.find_element(By.ID, "key-name").send_keys("from the browser")
+    browser.find_element(By.ID, "key-days").send_keys("7")
+    browser.find_element(By.CSS_SELECTOR, "#create-key button[type=submit]").click()
+    field = WebDriverWait(browser, 20).until(lambda d: d.find_element(By.ID, "new-key"))
+    key, key_id = field.get_attribute("value"), browser.find_element(By.ID, "new-key-id").text
+    assert key.startswith("sk-gw-") and key not in browser.current_url
+    browser.save_screenshot(str(_shots(tmp_path) / "console-new-key.png"))
+    assert _chat(console.url, key)[0] == 200
+    browser.find_element(By.ID, "back-to-keys").click()
+    row = f'#key-list tr[data-key-id="{key_id}"]'
+    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, row))
+    assert key not in browser.page_source  # shown once
+    browser.find_element(By.CSS_SELECTOR, f"{row} form.revoke button").click()
+    WebDriverWait(browser, 20).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, f"{row} td.state").text.startswith("revoked"))
+    deadline = time.monotonic() + 5
+    while _chat(console.url, key)[0] != 401 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _chat(console.url, key)[0] == 401
+    assert _csp_violations(browser) == []
+
+
+@pytest.fixture()
+def canary(sim: SimServer, tmp_path: Path) -> Iterator[GatewayProcess]:
+    """A console gateway whose model ``chat-model`` is a progressive canary at 50% (v2, pool
+    ``canary``) over v1 (pool ``stable``), held there for an hour."""
+    data = console_policy(sim, tmp_path)
+    data["pools"] = policy({"stable": [sim.url], "canary": [sim.url]})["pools"]
+    progressive_policy(data, steps=[50, 100], hold="1h", min_requests=1_000_000)
+    gw = start_console(sim, tmp_path, data)
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def _phase(url: str) -> str:
+    import httpx
+
+    answer = httpx.get(url + "/admin/rollouts/chat-model", timeout=30,
+                       headers={"Authorization": f"Bearer {ADMIN}"})
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["phase"])
+
+
+def test_an_operator_rolls_a_canary_back(canary: GatewayProcess, browser: Any,
+                                         tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    deadline = time.monotonic() + 20
+    while _phase(canary.url) != "progressing" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pools = {_chat(canary.url, GLOBEX_KEY)[1] for _ in range(24)}
+    assert pools == {"stable", "canary"}  # 50% each way: both served
+    _sign_in(browser, canary.url, "operator-login", ADMIN)
+    WebDriverWait(browser, 20).until(lambda d: d.current_url.endswith("/console/operator"))
+    row = '#rollout-list tr[data-model="chat-model"]'
+    assert browser.find_element(By.CSS_SELECTOR, f"{row} td.phase").text == "progressing"
+    assert browser.find_element(By.CSS_SELECTOR, f"{row} td.share").text == "50.0%"
+    browser.save_screenshot(str(_shots(tmp_path) / "console-rollouts.png"))
+    browser.find_element(By.CSS_SELECTOR, f'{row} button[data-action="abort"]').click()
+    WebDriverWait(browser, 20).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, f"{row} td.phase").text == "aborted")
+    assert _phase(canary.url) == "aborted"
+    since = int(time.time() * 1000)
+    served = [_chat(canary.url, GLOBEX_KEY) for _ in range(12)]
+    assert served == [(200, "stable")] * 12
+    deadline = time.monotonic() + 10
+    while True:
+        after = [r for r in usage_records(canary.url, ADMIN)
+                 if r["ts_ms"] >= since and r["model"] == "chat-model"]
+        if len(after) >= 12 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(after) >= 12 and {r["version"] for r in after} == {"v1"}
+    browser.get(canary.url + "/console/operator/audit")
+    assert "rollout chat-model abort -> aborted" in browser.find_element(By.ID, "audit").text
     assert _csp_violations(browser) == []
