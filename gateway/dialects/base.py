@@ -168,6 +168,9 @@ class Frontend(abc.ABC):
     #: ``message_start``): only then does a translated stream have the prompt counted for it
     #: (``stream``'s ``prompt_tokens``; 0 otherwise, the tokenising skipped)
     stream_counts_prompt: bool = False
+    #: the API's own header for the API key when ``Authorization`` is absent (Anthropic's
+    #: ``x-api-key``), or None
+    key_header: bytes | None = None
 
     @abc.abstractmethod
     def to_chat(self, payload: dict[str, Any],

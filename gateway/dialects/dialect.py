@@ -76,13 +76,15 @@ class Conversation:
 class Dialect(abc.ABC):
     """One client API, as the pipeline calls it (shared, stateless)."""
 
-    __slots__ = ("api", "chat_path")
+    __slots__ = ("api", "chat_path", "key_header")
 
-    def __init__(self, api: str, chat_path: str) -> None:
+    def __init__(self, api: str, chat_path: str, key_header: bytes | None = None) -> None:
         #: the API's name on records and metrics
         self.api = api
         #: the path of the chat-shaped request it is carried as (a shadow mirrors that)
         self.chat_path = chat_path
+        #: the API's own header for the key when ``Authorization`` is absent, or None
+        self.key_header = key_header
 
     @abc.abstractmethod
     async def parse(self, body: bytes, endpoint: Endpoint,
@@ -158,7 +160,7 @@ class FrontendDialect(Dialect):
     __slots__ = ("frontend",)
 
     def __init__(self, frontend: Frontend) -> None:
-        super().__init__(frontend.name, CHAT_PATH)
+        super().__init__(frontend.name, CHAT_PATH, frontend.key_header)
         self.frontend = frontend
 
     async def parse(self, body: bytes, endpoint: Endpoint,

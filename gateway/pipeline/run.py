@@ -88,7 +88,7 @@ class Pipeline:
             if services.draining():
                 raise ServerShuttingDown("the gateway is shutting down; retry on another replica")
             # 1. authenticate
-            identity = await _authenticate(runtime, inbound, ctx)
+            identity = await _authenticate(runtime, inbound, ctx, dialect.key_header)
             # 2. parse and classify
             raw = await inbound.read_body(runtime.policy.server.max_body_bytes)
             conversation = Conversation(services.responses, ctx.tenant or "",
@@ -352,13 +352,15 @@ def _context(inbound: Inbound) -> RequestContext:
     return ctx
 
 
-async def _authenticate(runtime: Runtime, inbound: Inbound, ctx: RequestContext
-                        ) -> Identity | None:
+async def _authenticate(runtime: Runtime, inbound: Inbound, ctx: RequestContext,
+                        key_header: bytes | None) -> Identity | None:
+    """The request's identity from ``Authorization``, else from its API's own key header
+    (``key_header``: Anthropic's ``x-api-key``)."""
     identity = inbound.identity  # a batch line: authenticated when the batch was created
     if identity is None:
         header = header_value(inbound.headers, b"authorization")
-        if header is None and inbound.endpoint.api == "messages":  # Anthropic's own header
-            key = header_value(inbound.headers, b"x-api-key")
+        if header is None and key_header is not None:
+            key = header_value(inbound.headers, key_header)
             header = b"Bearer " + key if key is not None else None
         identity = await runtime.resolver.authenticate(header)
     if identity is None:  # keys are not required by this policy

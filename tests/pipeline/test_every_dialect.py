@@ -186,3 +186,22 @@ async def test_a_stored_response_is_continued_as_history(gateway: Gateway) -> No
     records = sorted(await _records(gateway), key=lambda r: r.ts_ms)
     assert [r.api for r in records] == ["responses", "responses"]
     assert records[0].history == 0 and records[1].history > 0
+
+
+@pytest.mark.parametrize(("path", "status"), [("/v1/messages", 200),
+                                              ("/v1/chat/completions", 401)])
+async def test_only_messages_takes_the_key_in_x_api_key(gateway: Gateway, path: str,
+                                                         status: int) -> None:
+    """Anthropic's clients send the key in ``x-api-key``: the Messages dialect reads it there;
+    the other APIs read ``Authorization`` only."""
+    _, body, _, _ = CASES[path]
+    raw = json.dumps(body).encode()
+
+    async def read(limit: int) -> bytes:
+        return raw
+
+    answer = Answer()
+    await gateway.pipeline.run(Inbound(
+        method="POST", endpoint=ENDPOINTS[path], read_body=read,
+        headers=[(b"x-api-key", TEST_KEY.encode())]), answer)
+    assert answer.status == status, answer.body[:300]

@@ -53,6 +53,7 @@ class MessagesFrontend(Frontend):
     upstream_path = "/v1/messages"
     output_fields = ("max_tokens",)
     stream_counts_prompt = True  # ``message_start`` carries the input tokens
+    key_header = b"x-api-key"  # Anthropic's clients send the key here
 
     def to_chat(self, payload: dict[str, Any],
                   earlier: list[dict[str, Any]] | None = None) -> Translated:
