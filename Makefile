@@ -56,6 +56,10 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(MKDOCS) build --strict --site-dir $(SITE_DIR)
 
+# the console's browser test saves its screenshots there (the run's artifacts)
+CONSOLE_SCREENSHOT_DIR ?= $(CURDIR)/.artifacts/screenshots
+export CONSOLE_SCREENSHOT_DIR
+
 pytest: $(STAMP) system-deps llama-server
 	$(BIN)/python -m pytest
 
@@ -76,4 +80,4 @@ bench-overhead: $(STAMP)
 	$(BIN)/python -m loadtest.bench.overhead
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(SITE_DIR)
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(SITE_DIR) .artifacts
