@@ -176,3 +176,7 @@ class Console(PolicyStruct, frozen=True):
     enabled: bool = False
     #: minutes a console session lasts from its sign-in (then it must sign in again)
     session_minutes: PositiveFloat = 30.0
+    #: the session cookie's ``Secure`` flag: ``auto`` when the request came over https to the
+    #: gateway itself; ``always`` behind a proxy that ends TLS (the gateway then sees http,
+    #: the browser https); ``never`` only for plain-http tests
+    secure_cookie: Literal["auto", "always", "never"] = "auto"

@@ -77,7 +77,11 @@ _STATIC_CACHE = "public, max-age=31536000, immutable"
 _log = logging.getLogger("gateway.console")
 
 
-def _secure(request: AnyRequest) -> bool:
+def _secure(request: AnyRequest, setting: str) -> bool:
+    """Whether the cookie goes with ``Secure``: the policy's ``console.secure_cookie``
+    (``auto``: the request came over https)."""
+    if setting != "auto":
+        return setting == "always"
     return request.url.scheme == "https"
 
 
@@ -118,7 +122,8 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
                         operator=_operator_enabled())
         response.set_cookie(Cookie(key=LOGIN_COOKIE, value=token, path="/console/login",
                                    max_age=LOGIN_FORM_SECONDS, httponly=True,
-                                   secure=_secure(request), samesite="strict"))
+                                   secure=_secure(request, current().policy.console.secure_cookie),
+                                   samesite="strict"))
         return response
 
     @post("/console/login", status_code=303)
@@ -161,7 +166,8 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
         response = Redirect(home_of(session), status_code=303)
         response.set_cookie(Cookie(key=COOKIE, value=session_id, path="/console",
                                    max_age=max(1, int(minutes * 60)), httponly=True,
-                                   secure=_secure(request), samesite="strict"))
+                                   secure=_secure(request, current().policy.console.secure_cookie),
+                                   samesite="strict"))
         response.delete_cookie(LOGIN_COOKIE, path="/console/login")
         return response
 

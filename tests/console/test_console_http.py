@@ -55,6 +55,28 @@ def _cookie(answer: httpx.Response, name: str) -> str:
     raise AssertionError(f"no {name} cookie in {answer.headers}")
 
 
+def test_behind_a_tls_proxy_the_cookie_is_secure(sim: SimServer, tmp_path: Path) -> None:
+    """``console.secure_cookie: always``: the cookies carry ``Secure`` though the gateway sees
+    plain http (a proxy in front ends TLS); the browser then sends them over https only."""
+    gw = start_console(sim, tmp_path, secure_cookie="always")
+    try:
+        with httpx.Client(base_url=gw.url, timeout=30, follow_redirects=False) as c:
+            form = c.get("/console/login")
+            login = _cookie(form, "gw_console_login")
+            assert "secure" in [a.strip().lower() for a in login.split(";")]
+            # the client keeps a Secure cookie off plain http, as a browser would: sent here
+            # by hand, as the browser sends it over https to the proxy
+            token = login.split(";")[0].split("=", 1)[1]
+            answer = c.post("/console/login",
+                            data={"csrf": token, "role": "tenant", "secret": ACME_KEY},
+                            headers={"cookie": f"gw_console_login={token}"})
+            assert answer.status_code == 303, answer.text[:300]
+            attributes = [a.strip().lower() for a in _cookie(answer, "gw_console").split(";")]
+            assert "secure" in attributes
+    finally:
+        gw.stop()
+
+
 def test_sign_in_sets_a_strict_http_only_session_cookie(client: httpx.Client) -> None:
     """A 128-bit id in an HttpOnly, SameSite=Strict cookie on /console that lasts the session's
     minutes (not Secure here: the request came over plain http)."""
