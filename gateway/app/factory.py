@@ -317,7 +317,7 @@ def create_app(policy: Policy, source: str | None = None) -> Litestar:
     # the web console (off unless ``console.enabled``; a 404 like any unknown route then)
     app.prefix_routes += ((CONSOLE_PREFIX, console_edge(
         current, gateway.ledger, gateway.ledger_caught_up, keystore=gateway.keystore,
-        quota=gateway.quota, rollouts=gateway.rollouts)),)
+        quota=gateway.quota, rollouts=gateway.rollouts, batches=gateway.batches)),)
     return app
 
 

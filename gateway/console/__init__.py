@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from gateway.auth.keystore import KeyStore
+    from gateway.batch import BatchJobs
     from gateway.ledger.sql.store import SqlLedger
     from gateway.quota.base import QuotaStore
     from gateway.rollouts import Rollouts
@@ -35,11 +36,13 @@ __all__ = ["CONSOLE_PREFIX", "ConsoleEdge", "console_edge", "is_console_path"]
 def console_edge(current: Callable[[], Runtime], ledger: SqlLedger,
                  caught_up: Callable[[], Awaitable[None]] | None = None, *,
                  keystore: KeyStore | None = None, quota: QuotaStore | None = None,
-                 rollouts: Rollouts | None = None) -> ConsoleEdge:
+                 rollouts: Rollouts | None = None,
+                 batches: BatchJobs | None = None) -> ConsoleEdge:
     """The ``/console`` handler of a gateway; its app (and the jinja2 import) is made on the
     first request while the console is enabled. Sessions are files under
     ``<store.data_dir>/console-sessions``, shared by the workers of a host. ``keystore``,
-    ``quota`` and ``rollouts``: the gateway's, for the console's actions (None: not offered)."""
+    ``quota``, ``rollouts`` and ``batches``: the gateway's, for the console's pages and actions
+    (None: not offered)."""
 
     from gateway.console.audit_log import audit_trail
 
@@ -52,7 +55,7 @@ def console_edge(current: Callable[[], Runtime], ledger: SqlLedger,
 
         directory = Path(current().policy.store.data_dir) / "console-sessions"
         app = console_app(current, ledger, FileSessions(directory), caught_up,
-                          Services(trail, keystore, quota, rollouts))
+                          Services(trail, keystore, quota, rollouts, batches))
         return cast("ASGIApp", app)  # Litestar's own, narrower ASGI types
 
     return ConsoleEdge(current, build)

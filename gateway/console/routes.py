@@ -39,6 +39,7 @@ from litestar.response import Redirect, Stream
 
 from gateway.api.admin import ADMIN_TOKEN_ENV, is_admin_credential
 from gateway.console.audit import audit_handlers
+from gateway.console.batches import batch_section
 from gateway.console.keys import key_handlers, key_section
 from gateway.console.kit import COOKIE, AnyRequest, Kit, client_host, static_files, templates
 from gateway.console.limits import limits_in_use
@@ -223,6 +224,7 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
             in_use=await limits_in_use(runtime, services.quota, tenant, key_id,
                                        session.key_limits if key_id else None),
             keys=await key_section(kit, tenant),
+            batches=await batch_section(services.batches, tenant),
         )
 
     @get("/console/tenants/{tenant:str}/export.csv")
