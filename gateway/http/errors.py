@@ -51,6 +51,13 @@ class UpstreamError(Exception):
         self.detail = detail
 
 
+class UpstreamStreamError(UpstreamError):
+    """The backend ended a stream after its first byte with an error event of its own (an
+    engine failing mid-generation: vLLM's ``data: {"error": ...}``)."""
+
+    public = "failed mid-stream"
+
+
 class UpstreamConnectError(UpstreamError):
     """The backend refused or could not be reached; the request was not sent."""
 

@@ -125,6 +125,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="close the connection after N streamed content chunks, mid-stream",
     )
     flt.add_argument(
+        "--error-event-after",
+        type=int,
+        metavar="N",
+        help="end a stream after N tokens with an in-stream error event (an engine failing)",
+    )
+    flt.add_argument(
         "--retry-after",
         type=int,
         metavar="S",
@@ -152,6 +158,7 @@ _SETTINGS = (
     "extra_latency_ms",
     "stall_ms",
     "disconnect_after",
+    "error_event_after",
     "retry_after",
 )
 

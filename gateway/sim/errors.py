@@ -24,6 +24,7 @@ import msgspec
 __all__ = [
     "ANTHROPIC_TYPES",
     "BadRequest",
+    "EngineFailed",
     "EngineStopped",
     "InjectedError",
     "MethodNotAllowed",
@@ -164,6 +165,14 @@ class EngineStopped(SimHTTPError):
     status = 503
     type = "server_error"
     code = "engine_stopped"
+
+
+class EngineFailed(SimHTTPError):
+    """The engine failed mid-generation (the ``error_event_after`` fault)."""
+
+    status = 500
+    type = "server_error"
+    code = "engine_error"
 
 
 def render_error(error: SimHTTPError, api: str) -> tuple[int, bytes]:

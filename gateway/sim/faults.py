@@ -34,9 +34,10 @@ HEADERS: dict[bytes, str] = {
     b"x-sim-extra-latency-ms": "extra_latency_ms",
     b"x-sim-stall-ms": "stall_ms",
     b"x-sim-disconnect-after": "disconnect_after",
+    b"x-sim-error-event-after": "error_event_after",
     b"x-sim-retry-after": "retry_after",
 }
-_INT_FIELDS = {"error_status", "disconnect_after", "retry_after"}
+_INT_FIELDS = {"error_status", "disconnect_after", "error_event_after", "retry_after"}
 
 
 class FaultHeaderError(ValueError):
@@ -53,6 +54,9 @@ class FaultConfig:
     extra_latency_ms: float = 0.0
     stall_ms: float = 0.0
     disconnect_after: int | None = None
+    #: a stream ends after this many tokens with an in-stream error event and a clean end (an
+    #: engine that fails mid-generation: vLLM's ``data: {"error": ...}``)
+    error_event_after: int | None = None
     retry_after: int | None = None
 
     @property

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 
 from gateway.sim.asgi import SSE_HEADERS, abort_connection, send_bytes
 from gateway.sim.engine import EngineError, QueueFullError, RequestState, RequestTooLargeError
-from gateway.sim.errors import BadRequest, EngineStopped, Overloaded, SimHTTPError
+from gateway.sim.errors import (
+    BadRequest,
+    EngineFailed,
+    EngineStopped,
+    Overloaded,
+    SimHTTPError,
+)
 
 if TYPE_CHECKING:
     from gateway.sim.answer import Plan, Renderer
@@ -149,6 +155,13 @@ async def _stream(
             if limit is not None and n >= limit:
                 await _send(send, tokens(seen, limit), more=True)
                 await _abort(send, call)
+                return
+            failing = faults.error_event_after
+            if failing is not None and n >= failing:  # the engine fails mid-generation
+                await _send(send, tokens(seen, failing), more=True)
+                await _send(send, renderer.failure(EngineFailed("the engine failed")),
+                            more=False)
+                engine.cancel(req)
                 return
             body = tokens(seen, n)
             if body:  # a tool call's name takes tokens before its first event

@@ -42,12 +42,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.accounting.sse import chat_error_event
 from gateway.errors import BackendFailure, GatewayError
-from gateway.http.errors import UpstreamError
+from gateway.http.errors import UpstreamError, UpstreamStreamError
 from gateway.timers.deadlines import wheel
 from gateway.upstream.failures import as_gateway_error
 from gateway.upstream.forward import log_error_body, scrub
@@ -284,14 +285,22 @@ async def _relay_stream(
                 "headers": response.headers + extra})
     chunks = 0
     try:
+        failed: UpstreamStreamError | None = None  # the engine's error event in the first chunk
         if forwarded.first_chunk is not None:
             ctx.first_token_ns = time.perf_counter_ns()
             first = scanner.feed(forwarded.first_chunk) if scanner else forwarded.first_chunk
-            await send({"type": "http.response.body", "body": first, "more_body": True})
+            if resume is not None and (cut := _error_event_at(first)) >= 0:
+                first, failed = first[:cut], UpstreamStreamError("the backend sent an error event")
+            if first:
+                await send({"type": "http.response.body", "body": first, "more_body": True})
             chunks = 1
             if progress is not None:
                 progress(1)
         source: AsyncIterator[bytes] | None = response.chunks()
+        if failed is not None and resume is not None:  # continued at once, or the break
+            source = await resume(failed)
+            if source is None:
+                raise failed
         while source is not None:
             try:
                 async for chunk in source:
@@ -299,6 +308,13 @@ async def _relay_stream(
                         ctx.first_token_ns = time.perf_counter_ns()
                     chunks += 1
                     out = scanner.feed(chunk) if scanner is not None else chunk
+                    if resume is not None and (cut := _error_event_at(out)) >= 0:
+                        # the engine failed mid-stream: what came before its error event
+                        # goes out, the rest is continued elsewhere (or ends as a break)
+                        if cut:
+                            await send({"type": "http.response.body", "body": out[:cut],
+                                        "more_body": True})
+                        raise UpstreamStreamError("the backend sent an error event")
                     if closing is not None and (held or (at := out.find(_DONE)) >= 0):
                         if held:
                             held += out
@@ -347,3 +363,20 @@ async def _relay_stream(
     await send({"type": "http.response.body", "body": held, "more_body": False})
     ctx.delivered = delivered if closing is not None else ctx.outcome == "completed"
     ctx.finished_ns = time.perf_counter_ns()
+
+
+#: where an event that is a backend's error object starts (``data: {"error"``)
+_ERROR_EVENT = re.compile(rb'(?:^|\n)data: ?\{\s*"error"\s*:')
+
+
+def _error_event_at(out: bytes) -> int:
+    """Where in ``out`` (whole events, or the chunk as received) an error event of the backend
+    starts, or -1. Looked for only on streams that can be continued; an error event split
+    across chunks is not seen and reaches the client as the backend sent it."""
+    if out.find(b'"error"') < 0:
+        return -1
+    found = _ERROR_EVENT.search(out)
+    if found is None:
+        return -1
+    start = found.start()
+    return start + 1 if out[start:start + 1] == b"\n" else start

@@ -77,6 +77,13 @@ def _break_after(sim: SimServer, tokens: int | None) -> None:
                                          faults=FaultConfig(disconnect_after=tokens))
 
 
+def _fail_after(sim: SimServer, tokens: int | None) -> None:
+    """The simulator's streams end after ``tokens`` tokens with an error event of the engine
+    (None: they do not)."""
+    sim.app.config = dataclasses.replace(sim.app.config,
+                                         faults=FaultConfig(error_event_after=tokens))
+
+
 def _client(gw: GatewayProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.url + "/v1", api_key=TEST_KEY, max_retries=0, timeout=30)
 
@@ -212,6 +219,24 @@ def test_the_models_setting_takes_the_place_of_the_pools(
         finally:
             _break_after(faulty, None)
         assert _record(gw, request_id)["continued"] is model_on
+
+
+def test_an_engines_error_event_mid_stream_is_continued(
+        gateway: GatewayProcess, sims: tuple[SimServer, SimServer]) -> None:
+    """An engine that fails mid-generation ends its stream with an error event of its own: the
+    client never sees it; the stream goes on on the other backend, whole, one record."""
+    faulty, _ = sims
+    whole = _whole(sims)
+    _fail_after(faulty, 3)
+    try:
+        text, chunks, request_id = _stream(gateway)
+    finally:
+        _fail_after(faulty, None)
+    assert text == whole
+    assert not any("error" in (c.model_extra or {}) for c in chunks)
+    record = _record(gateway, request_id)
+    assert record["continued"] is True and record["outcome"] == "completed", record
+    assert record["backend"] == "good" and record["output"] == TOKENS
 
 
 def _events(gw: GatewayProcess, path: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]],
