@@ -50,6 +50,7 @@ def console_policy(sim: SimServer, tmp: Path, **console: Any) -> dict[str, Any]:
     data["console"] = {"enabled": True, **console}
     data["store"] = {"data_dir": str(tmp / "data"), "spool_dir": str(tmp / "spool"),
                      "keys_file": str(tmp / "data" / "keys.json")}
+    data["batch"] = {"files_dir": str(tmp / "files")}  # batch files, not in the working dir
     return data
 
 
