@@ -95,17 +95,25 @@ def demo_gateway(tmp: Path, speedup: float = 20.0) -> Iterator[GatewayProcess]:
     """The demo's two simulators (in this process) and ``gateway serve`` in front of them."""
     # as ``gateway demo`` runs them: answers end by themselves below a large max_tokens
     with SimServer("interactive", speedup=speedup, natural_length=True) as interactive, \
-            SimServer("batch", speedup=speedup, natural_length=True) as batch:
-        gateway = GatewayProcess(tmp, agents_policy(interactive.url, batch.url))
-        os.environ["GATEWAY_ADMIN_TOKEN"] = ADMIN_TOKEN
-        try:
-            gateway.start()
-        finally:
-            os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
-        try:
-            yield gateway
-        finally:
-            gateway.stop()
+            SimServer("batch", speedup=speedup, natural_length=True) as batch, \
+            admin_gateway(tmp, agents_policy(interactive.url, batch.url)) as gateway:
+        yield gateway
+
+
+@contextmanager
+def admin_gateway(tmp: Path, data: dict[str, Any]) -> Iterator[GatewayProcess]:
+    """``gateway serve`` on ``data``, with the admin token (for the usage export) in its
+    environment only."""
+    gateway = GatewayProcess(tmp, data)
+    os.environ["GATEWAY_ADMIN_TOKEN"] = ADMIN_TOKEN
+    try:
+        gateway.start()
+    finally:
+        os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
 
 
 def usage_records(gw: GatewayProcess, request_ids: set[str], timeout: float = 15.0

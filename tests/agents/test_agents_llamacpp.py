@@ -23,7 +23,13 @@ import pytest
 from loadtest.engines.build import EngineNotBuilt, build_engine, find_server_binary
 from loadtest.engines.llama_server import LlamaServer
 from loadtest.engines.tiny_model import TinyModelSpec, tiny_model_path
-from tests.agents.harness import ADMIN_TOKEN, AGENTS, agents_policy, answer_text, usage_records
+from tests.agents.harness import (
+    AGENTS,
+    admin_gateway,
+    agents_policy,
+    answer_text,
+    usage_records,
+)
 from tests.agents.proxy import RecordingProxy
 from tests.agents.test_agents import final_answer, refused, run, words
 from tests.helpers import GatewayProcess
@@ -69,16 +75,8 @@ def gateway(engine: LlamaServer, tmp_path_factory: pytest.TempPathFactory
         pool["engine"] = "llamacpp"
     for model in data["models"]:
         model["backend_model"] = ENGINE_MODEL
-    gateway = GatewayProcess(tmp_path_factory.mktemp("agents-engine-gateway"), data)
-    os.environ["GATEWAY_ADMIN_TOKEN"] = ADMIN_TOKEN
-    try:
-        gateway.start()
-    finally:
-        os.environ.pop("GATEWAY_ADMIN_TOKEN", None)
-    try:
+    with admin_gateway(tmp_path_factory.mktemp("agents-engine-gateway"), data) as gateway:
         yield gateway
-    finally:
-        gateway.stop()
 
 
 @pytest.fixture(scope="module")

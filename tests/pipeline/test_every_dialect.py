@@ -8,7 +8,6 @@ This pins what the pipeline does for each dialect, whatever the pipeline's own s
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,10 @@ import pytest
 from gateway.app.state import Gateway
 from gateway.config import parse_policy
 from gateway.dialects.shape import ENDPOINTS
-from gateway.ledger import UsageRecord
 from gateway.pipeline import Inbound
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, policy
+from tests.pipeline.common import Answer, records
 
 SYSTEM = "You are terse."
 
@@ -61,34 +60,8 @@ def _inbound(path: str, body: dict[str, Any]) -> Inbound:
     return Inbound(method="POST", endpoint=ENDPOINTS[path], headers=headers, read_body=read)
 
 
-class Answer:
-    def __init__(self) -> None:
-        self.status = 0
-        self.headers: dict[bytes, bytes] = {}
-        self.body = b""
-
-    async def __call__(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-            self.headers = dict(message["headers"])
-        else:
-            self.body += message.get("body", b"")
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    def events(self) -> list[Any]:
-        out = []
-        for line in self.body.decode().splitlines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                out.append(json.loads(line[6:]))
-        return out
 
 
-async def _records(gw: Gateway) -> list[UsageRecord]:
-    await gw.ledger.flush()
-    now = time.time_ns() // 1_000_000
-    return [r async for r in gw.ledger.export(now - 3_600_000, now + 60_000)]
 
 
 def _history() -> list[dict[str, Any]]:
@@ -140,9 +113,9 @@ async def test_each_api_answers_in_its_shape_and_leaves_one_record(
     if api != "embeddings":
         assert _answer_model(path, answer, stream) == {"chat-model"}  # the public name
     assert answer.headers[b"x-gateway-pool"] == b"chat"
-    records = await _records(gateway)
-    assert len(records) == 1
-    record = records[0]
+    written = await records(gateway)
+    assert len(written) == 1
+    record = written[0]
     assert (record.api, record.tenant, record.model) == (api, "acme", "chat-model")
     assert record.outcome == "completed" and record.status == 200 and record.delivered
     assert record.prompt_total > 0
@@ -167,7 +140,7 @@ async def test_each_api_refuses_in_its_shape(gateway: Gateway, path: str) -> Non
         assert error["type"] == "error" and error["error"]["type"] == "not_found_error"
     else:
         assert error["error"]["code"] == "model_not_found"
-    assert await _records(gateway) == []
+    assert await records(gateway) == []
 
 
 async def test_a_stored_response_is_continued_as_history(gateway: Gateway) -> None:
@@ -183,9 +156,9 @@ async def test_a_stored_response_is_continued_as_history(gateway: Gateway) -> No
         "model": "chat-model", "max_output_tokens": 16, "input": "which number?",
         "previous_response_id": first.json()["id"]}), second)
     assert second.status == 200, second.body[:300]
-    records = sorted(await _records(gateway), key=lambda r: r.ts_ms)
-    assert [r.api for r in records] == ["responses", "responses"]
-    assert records[0].history == 0 and records[1].history > 0
+    both = sorted(await records(gateway), key=lambda r: r.ts_ms)
+    assert [r.api for r in both] == ["responses", "responses"]
+    assert both[0].history == 0 and both[1].history > 0
 
 
 @pytest.mark.parametrize(("path", "status"), [("/v1/messages", 200),

@@ -7,7 +7,6 @@ default bound, and a ``default_max_tokens`` above the bound is refused."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,10 @@ from gateway.auth.resolver import Identity
 from gateway.config import PolicyError, parse_policy
 from gateway.config.model import DEFAULT_MAX_OUTPUT_TOKENS, Model
 from gateway.dialects.shape import ENDPOINTS
-from gateway.ledger import UsageRecord
 from gateway.pipeline import Inbound
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, policy
+from tests.pipeline.common import Answer, records
 
 BOUND = 64
 
@@ -51,16 +50,6 @@ async def gateway(sim: SimServer, tmp_path: Path) -> AsyncIterator[Gateway]:
         await gw.close()
 
 
-class Answer:
-    def __init__(self) -> None:
-        self.status = 0
-        self.body = b""
-
-    async def __call__(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-        else:
-            self.body += message.get("body", b"")
 
 
 def _inbound(path: str, body: dict[str, Any], **fields: Any) -> Inbound:
@@ -107,10 +96,6 @@ def _error(path: str, body: bytes, field: str) -> str:
     return message
 
 
-async def _records(gw: Gateway) -> list[UsageRecord]:
-    await gw.ledger.flush()
-    now = time.time_ns() // 1_000_000
-    return [r async for r in gw.ledger.export(now - 3_600_000, now + 60_000)]
 
 
 def _completed(sim: SimServer) -> int:
@@ -135,14 +120,14 @@ async def test_above_the_models_bound_is_refused_before_admission(
         assert answer.status == 400, answer.body
         _error(path, answer.body, field)
     assert _completed(sim) == before  # nothing forwarded
-    assert await _records(gateway) == []  # nothing admitted, so nothing recorded
+    assert await records(gateway) == []  # nothing admitted, so nothing recorded
     usage = await gateway.quota.usage("acme", "tenant")
     assert usage.requests == 0 and usage.tokens == 0  # nothing reserved or charged
     # at the bound it is served
     answer = Answer()
     await gateway.pipeline.run(_inbound(path, make(BOUND)), answer)
     assert answer.status == 200, answer.body
-    [record] = await _records(gateway)
+    [record] = await records(gateway)
     assert record.output == BOUND
 
 
@@ -154,7 +139,7 @@ async def test_a_batch_line_above_the_bound_is_refused(gateway: Gateway) -> None
         identity=identity, request_class="batch", request_id="batch-line-1", batch_id="b1"))
     assert line.status == 400
     assert f"at most {BOUND}" in _error("/v1/chat/completions", line.body, "max_tokens")
-    assert await _records(gateway) == []
+    assert await records(gateway) == []
 
 
 def test_the_bound_defaults_and_is_checked_against_default_max_tokens() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,10 @@ from gateway.app.state import Gateway
 from gateway.auth.resolver import Identity
 from gateway.config import parse_policy
 from gateway.dialects.shape import ENDPOINTS
-from gateway.ledger import UsageRecord
 from gateway.pipeline import Inbound
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, policy
+from tests.pipeline.common import Answer, records
 
 CHAT = ENDPOINTS["/v1/chat/completions"]
 
@@ -58,26 +57,8 @@ def _inbound(body: dict[str, Any], **fields: Any) -> Inbound:
     return Inbound(method="POST", endpoint=CHAT, headers=headers, read_body=read, **fields)
 
 
-class Answer:
-    """What the pipeline sent: the status, the headers, the body."""
-
-    def __init__(self) -> None:
-        self.status = 0
-        self.headers: dict[bytes, bytes] = {}
-        self.body = b""
-
-    async def __call__(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-            self.headers = dict(message["headers"])
-        else:
-            self.body += message.get("body", b"")
 
 
-async def _records(gw: Gateway) -> list[UsageRecord]:
-    await gw.ledger.flush()
-    now = time.time_ns() // 1_000_000
-    return [r async for r in gw.ledger.export(now - 3_600_000, now + 60_000)]
 
 
 def _chat(content: str = "hi", **extra: Any) -> dict[str, Any]:
@@ -95,7 +76,7 @@ async def test_a_request_goes_through_every_stage(gateway: Gateway) -> None:
     assert answer.headers[b"x-gateway-class"] == b"interactive"
     assert answer.headers[b"x-ratelimit-remaining-requests"] == b"2"
     request_id = answer.headers[b"x-request-id"].decode()
-    [record] = await _records(gateway)
+    [record] = await records(gateway)
     assert record.request_id == request_id and record.tenant == "acme"
     assert record.prompt_total == reply["usage"]["prompt_tokens"]
     assert record.output == reply["usage"]["completion_tokens"] == 4
@@ -124,7 +105,7 @@ async def test_a_refused_request_never_reaches_a_backend_or_the_ledger(
     assert error["code"] == "rate_limit_exceeded" and "rpm" in error["message"]
     assert refused.headers[b"retry-after"]
     assert _completed(sim) == before
-    assert len(await _records(gateway)) == 3
+    assert len(await records(gateway)) == 3
 
 
 async def test_a_stream_is_relayed_and_metered(gateway: Gateway) -> None:
@@ -135,7 +116,7 @@ async def test_a_stream_is_relayed_and_metered(gateway: Gateway) -> None:
               if line.startswith("data: {")]
     assert events and {e["model"] for e in events} == {"chat-model"}
     assert not any(e.get("usage") for e in events)  # asked by the gateway, stripped for us
-    [record] = await _records(gateway)
+    [record] = await records(gateway)
     assert record.output == 8 and not record.estimated
 
 
@@ -145,7 +126,7 @@ async def test_a_batch_line_runs_as_its_key_with_its_own_id(gateway: Gateway) ->
         _chat(), headers=[], identity=identity, request_class="batch",
         request_id="batch_x-line-7", batch_id="batch_x"))
     assert result.status == 200
-    [record] = await _records(gateway)
+    [record] = await records(gateway)
     assert (record.request_id, record.batch_id, record.request_class) == (
         "batch_x-line-7", "batch_x", "batch")
 
@@ -160,7 +141,7 @@ async def test_a_client_id_is_correlation_only(gateway: Gateway) -> None:
     ids = {a.headers[b"x-request-id"] for a in answers}
     assert len(ids) == 2 and b"mine" not in ids
     assert {a.headers[b"x-client-request-id"] for a in answers} == {b"mine"}
-    assert len(await _records(gateway)) == 2
+    assert len(await records(gateway)) == 2
 
 
 async def test_bad_input_is_answered_in_shape_and_not_recorded(gateway: Gateway) -> None:
@@ -174,7 +155,7 @@ async def test_bad_input_is_answered_in_shape_and_not_recorded(gateway: Gateway)
     await gateway.pipeline.run(Inbound(method="POST", endpoint=CHAT, headers=[],
                                        read_body=inbound.read_body), unauthenticated)
     assert unauthenticated.status == 401
-    assert await _records(gateway) == []
+    assert await records(gateway) == []
 
 
 async def test_the_record_names_the_tenants_team_and_organization(
@@ -193,7 +174,7 @@ async def test_the_record_names_the_tenants_team_and_organization(
         answer = Answer()
         await gw.pipeline.run(_inbound(_chat()), answer)
         assert answer.status == 200
-        [record] = await _records(gw)
+        [record] = await records(gw)
         assert (record.tenant, record.team, record.organization) == ("acme", "search", "bigco")
     finally:
         await gw.close()
