@@ -393,23 +393,26 @@ class StreamScanner:
             return None
         if self.chunks is not None:
             self.chunks.append(parsed)
-        usage: WireUsage | None = None
-        if parsed.usage is not None:
-            try:
-                usage = _to_wire(parsed.usage, WireUsage)
-            except msgspec.ValidationError:
-                self._malformed += 1  # counted as a malformed event, its text too
-                self.usage = malformed_usage()  # not believed: the gateway estimates
-                return None
+        if parsed.usage is not None and not self._read_usage(parsed):
+            return None
         self._events += 1
         if parsed.choices:
             self._collect(parsed.choices)
-        if usage is None:
-            return None
-        self.usage = usage.normalise(timings_cache_n(parsed.timings))
-        if not self._strip:
+        if parsed.usage is None or not self._strip:
             return None
         return _without_usage(payload) if parsed.choices else b""
+
+    def _read_usage(self, chunk: ChatChunk) -> bool:
+        """Take a chunk's usage; False when it is not of usage's shape (the event is then
+        counted as malformed, its text too, and the gateway estimates)."""
+        try:
+            usage = _to_wire(chunk.usage, WireUsage)
+        except msgspec.ValidationError:
+            self._malformed += 1
+            self.usage = malformed_usage()  # not believed
+            return False
+        self.usage = usage.normalise(timings_cache_n(chunk.timings))
+        return True
 
     def _settle(self) -> None:
         """Decode the waiting events, all in one call when they all are chat chunks (else
@@ -429,14 +432,9 @@ class StreamScanner:
                     self._undecodable += 1
         collect = self._collect
         for chunk in parsed:
-            if chunk.usage is not None:  # a usage the quick look missed (spelt unusually)
-                try:
-                    self.usage = _to_wire(chunk.usage, WireUsage).normalise(
-                        timings_cache_n(chunk.timings))
-                except msgspec.ValidationError:
-                    self._malformed += 1
-                    self.usage = malformed_usage()
-                    continue
+            # a usage here is one the quick look missed (spelt unusually)
+            if chunk.usage is not None and not self._read_usage(chunk):
+                continue
             self._events += 1
             if chunk.choices:
                 collect(chunk.choices)
