@@ -13,6 +13,11 @@ A request that failed before any output (no backend answered, the backend answer
 stream broke before its first token) goes through :func:`meter_failed`: it keeps its token
 counts - what was sent is worth recording - but costs nothing unless the policy says
 ``prices.bill_failed: true``; a customer is not charged for an answer they never got.
+
+A stream continued on another backend (``pools[].continuation``) is priced as its client
+received it, plus the continuations' prompt (:func:`add_continuation`): the ``continuation`` cost
+line, always there (the operator's cost), in the total (what the tenant is billed and its
+budgets settle with) only with ``continuation.billed``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway.accounting.offload import OFFLOAD_BYTES, off_loop
-from gateway.accounting.prices import CostBreakdown
+from gateway.accounting.prices import CostBreakdown, price_continuation
 from gateway.accounting.split import PromptSplit
 from gateway.accounting.tokens import account, account_body, account_stream
 from gateway.accounting.usage_bounds import screen
@@ -37,7 +42,7 @@ if TYPE_CHECKING:
     from gateway.accounting.usage import Shape
     from gateway.accounting.usage_bounds import UsageLimits
 
-__all__ = ["RequestMeter", "count_prompt", "meter", "meter_failed"]
+__all__ = ["RequestMeter", "add_continuation", "count_prompt", "meter", "meter_failed"]
 
 
 def count_prompt(counter: PromptCounter, operation: str, payload: Mapping[str, Any]
@@ -126,6 +131,20 @@ async def meter_failed(
     return msgspec.structs.replace(usage, cost=CostBreakdown())
 
 
+def add_continuation(usage: TokenUsage, tokens: int, price: ModelPrice | None, *,
+                     batch: bool, billed: bool) -> TokenUsage:
+    """``usage`` with its stream's continuations priced: their ``tokens`` (the prompt plus the
+    text already sent, each time) at the uncached input price as the ``continuation`` line,
+    added to the total only when ``billed``. Unchanged without such tokens or a price."""
+    cost = usage.cost
+    if tokens <= 0 or cost is None or price is None:
+        return usage
+    line = price_continuation(price, tokens, batch=batch)
+    total = cost.total + line if billed else cost.total
+    return msgspec.structs.replace(
+        usage, cost=msgspec.structs.replace(cost, continuation=line, total=total))
+
+
 class RequestMeter:
     """One request's meter: built before admission with what its usage is measured by, told
     the prompt's split when admission counts it (``split``) and what the answer is read from
@@ -135,10 +154,13 @@ class RequestMeter:
     The pipeline's one object for stages 3 to 7: admission, routing (``route_tokens``) and a
     translated stream (``prompt_tokens``) read the prompt's size from it, and the relay's
     closing step meters through it without the pipeline passing the same ten values again.
+    A stream continued on another backend is measured with its continuations' prompt tokens
+    (``continuation``), charged to the tenant when ``bill_continuation`` says so (the stream's
+    ``continuation.billed``, set when its continuation is set up).
     """
 
-    __slots__ = ("batch", "bill_failed", "body", "counter", "limits", "operation", "payload",
-                 "price", "scanner", "shape", "size", "split")
+    __slots__ = ("batch", "bill_continuation", "bill_failed", "body", "counter", "limits",
+                 "operation", "payload", "price", "scanner", "shape", "size", "split")
 
     def __init__(self, counter: PromptCounter, operation: str, payload: Mapping[str, Any],
                  size: int, *, price: ModelPrice | None, batch: bool,
@@ -146,6 +168,8 @@ class RequestMeter:
         self.counter, self.operation, self.payload, self.size = counter, operation, payload, size
         self.price, self.batch, self.limits = price, batch, limits
         self.bill_failed = bill_failed
+        #: a continued stream's continuation prompts are charged to the tenant
+        self.bill_continuation = False
         #: the prompt's split, when admission counted it
         self.split: PromptSplit | None = None
         #: a whole answer as the backend sent it (in its usage ``shape``), or a stream's scanner
@@ -170,11 +194,14 @@ class RequestMeter:
         split = self.split
         return split.total if split is not None else self.size // 4
 
-    async def measure(self) -> TokenUsage:
-        """The request's usage from what ``read`` named (``meter``)."""
-        return await meter(self.counter, self.operation, self.payload, self.size, self.split,
-                           body=self.body, scanner=self.scanner, price=self.price,
-                           batch=self.batch, shape=self.shape, limits=self.limits)
+    async def measure(self, continuation: int = 0) -> TokenUsage:
+        """The request's usage from what ``read`` named (``meter``), with the prompt tokens
+        of its stream's ``continuation`` priced (``add_continuation``)."""
+        usage = await meter(self.counter, self.operation, self.payload, self.size, self.split,
+                            body=self.body, scanner=self.scanner, price=self.price,
+                            batch=self.batch, shape=self.shape, limits=self.limits)
+        return add_continuation(usage, continuation, self.price, batch=self.batch,
+                                billed=self.bill_continuation)
 
     async def failed(self, usage: TokenUsage | None) -> TokenUsage:
         """The usage of a request that failed before any output (``meter_failed``)."""
@@ -182,8 +209,11 @@ class RequestMeter:
                                   self.split, usage, price=self.price, batch=self.batch,
                                   bill_failed=self.bill_failed)
 
-    def interrupted(self, chunks: int) -> TokenUsage:
+    def interrupted(self, chunks: int, continuation: int = 0) -> TokenUsage:
         """What a stream cut off after ``chunks`` chunks would bill (its provisional record,
-        should the process die): the prompt and one token a chunk."""
-        return account(self.split or PromptSplit(), None, estimated_output=chunks,
-                       price=self.price, batch=self.batch, reason="interrupted")
+        should the process die): the prompt and one token a chunk, and its continuations'
+        prompt so far."""
+        usage = account(self.split or PromptSplit(), None, estimated_output=chunks,
+                        price=self.price, batch=self.batch, reason="interrupted")
+        return add_continuation(usage, continuation, self.price, batch=self.batch,
+                                billed=self.bill_continuation)

@@ -25,6 +25,11 @@ its own price, so nothing is charged twice.
   micro-unit on average.
 * ``cached`` and ``cache_write`` are informational: the parts of the total charged at the
   cache-read and cache-write rates (already in the input lines), each rounded half-to-even.
+* ``continuation``: a stream continued on another backend (``pools[].continuation``) sent that
+  backend its prompt again plus the text already streamed; those tokens at the uncached input
+  price (:func:`price_continuation`, rounded half-to-even) are the operator's cost line. It is
+  in the total only when the policy bills it (``continuation.billed``); the other lines sum to
+  the total either way, without it.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ __all__ = [
     "ModelPrice",
     "PriceTable",
     "format_micros",
+    "price_continuation",
     "price_usage",
     "to_micros",
 ]
@@ -148,7 +154,8 @@ class ModelPrice(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CostBreakdown(msgspec.Struct, frozen=True, kw_only=True):
-    """Cost of one request by line, in micro-units; the lines sum to ``total``."""
+    """Cost of one request by line, in micro-units; the lines sum to ``total`` (plus
+    ``continuation`` when it is billed)."""
 
     system: int = 0
     history: int = 0
@@ -163,6 +170,9 @@ class CostBreakdown(msgspec.Struct, frozen=True, kw_only=True):
     cached: int = 0
     #: of the total, what was charged at the cache-write rate (not a separate line)
     cache_write: int = 0
+    #: a continued stream's continuation prompts at the uncached input price: the operator's
+    #: cost; in ``total`` only when billed to the tenant (``continuation.billed``)
+    continuation: int = 0
 
 
 def price_usage(
@@ -211,6 +221,14 @@ def price_usage(
         cached=_half_even(sum(hits) * price.cached_input * num, denominator),
         cache_write=_half_even(sum(writes) * write_rate * num, denominator),
     )
+
+
+def price_continuation(price: ModelPrice, tokens: int, *, batch: bool = False) -> int:
+    """The cost of ``tokens`` continuation prompt tokens (the prompt plus the text already
+    sent, for each continuation of a stream): the uncached input price, the request's batch
+    factor applied, rounded half-to-even."""
+    num, den = price.batch_factor if batch else (1, 1)
+    return _half_even(max(0, tokens) * price.input * num, MICROS * den)
 
 
 #: indices into [system, history, new, tools]: where cache reads, and cache writes, are taken

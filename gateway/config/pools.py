@@ -210,6 +210,10 @@ class Continuation(PolicyStruct, frozen=True):
     #: a stream that broke after more output tokens than this is not continued (the
     #: continuation's prompt holds them all): the error event ends it, as without continuation
     max_output_tokens: PositiveInt = 4096
+    #: whether the continuation's prompt (the prompt plus the text already sent, priced at the
+    #: model's input price: the record's ``continuation_cost``) is charged to the tenant, in
+    #: its cost and its spend budgets; off, the operator carries it
+    billed: bool = False
 
 
 class Pool(PolicyStruct, frozen=True):

@@ -89,7 +89,8 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     duration_ms: float | None = None
-    #: total cost in micro-units of ``currency``; the lines below sum to it
+    #: total cost in micro-units of ``currency``; the lines below sum to it (with
+    #: ``continuation_cost`` when that is billed)
     cost_micros: int = 0
     cost_system: int = 0
     cost_history: int = 0
@@ -119,9 +120,13 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: a stream broken after its first byte that went on on another backend
     #: (``pools[].continuation``); its ``output`` is still what the client received
     continued: bool = False
-    #: the continuations' prompt tokens (the prompt plus the text already sent): the
-    #: operator's cost of continuing, not billed to the tenant (not in ``cost_micros``)
+    #: the continuations' prompt tokens (the prompt plus the text already sent): what
+    #: ``continuation_cost`` prices
     continuation_prompt: int = 0
+    #: ``continuation_prompt`` at the uncached input price, in micro-units of ``currency``:
+    #: the operator's cost of continuing; also in ``cost_micros`` (billed to the tenant) only
+    #: when the stream's ``continuation.billed`` is on
+    continuation_cost: int = 0
 
     @property
     def day(self) -> str:
@@ -255,4 +260,5 @@ def make_record(
         sent_output=(u.output if u else 0) if context.delivered or context.stream else 0,
         continued=context.continued,
         continuation_prompt=context.continuation_prompt,
+        continuation_cost=cost.continuation if cost else 0,
     )

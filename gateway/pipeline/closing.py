@@ -66,7 +66,7 @@ class Closing:
     async def before_last_bytes(self) -> None:
         x, pipeline = self.x, self.pipeline
         ctx, meter = x.ctx, x.meter
-        ctx.usage = await meter.measure()  # 7. meter
+        ctx.usage = await meter.measure(ctx.continuation_prompt)  # 7. meter
         if ctx.status >= 400:  # an error answer: no output was delivered
             ctx.usage = await meter.failed(ctx.usage)
         save = self.save
@@ -88,7 +88,8 @@ class Closing:
         x, pipeline = self.x, self.pipeline
         ctx = x.ctx
         record = msgspec.structs.replace(
-            pipeline._make_record(x.runtime, ctx, x.meter.interrupted(chunks)),
+            pipeline._make_record(x.runtime, ctx,
+                                  x.meter.interrupted(chunks, ctx.continuation_prompt)),
             outcome="interrupted", delivered=None, sent_output=chunks)
         if pipeline.services.ledger.provisional(record):
             if ctx.provisional is None:

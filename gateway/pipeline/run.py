@@ -167,6 +167,8 @@ class Pipeline:
                                    timeouts=timeouts, count_text=meter.counter.count_text,
                                    prompt_tokens=meter.prompt_tokens, span=x.span,
                                    metrics=services.metrics)
+            if continuer is not None:  # its prompts priced at the end, billed as it says
+                meter.bill_continuation = continuer.billed
             try:
                 await relay_response(forwarded, ctx, x.send, x.answer, scanner, closing,
                                      services.metrics,
@@ -180,7 +182,7 @@ class Pipeline:
                 # the engine's own name for the model, for the trace (the client saw the public)
                 ctx.response_model = plan.backend_model
                 if ctx.usage is None:  # 7. meter (a response that did not reach its end)
-                    ctx.usage = await meter.measure()
+                    ctx.usage = await meter.measure(ctx.continuation_prompt)
         finally:
             if not ctx.recorded and (forwarded is None or ctx.first_token_ns is None):
                 # failed before any output: tokens counted, cost 0 unless prices.bill_failed

@@ -79,6 +79,10 @@ class MetricFamilies:
             "and what followed: continued (on another backend), refused (continuation off, "
             "past its bounds, or a stream it cannot continue), failed (no backend took it).",
             ["pool", "outcome"], registry=r)
+        self.continuation_prompts = Counter(
+            "gateway_stream_continuation_prompt_tokens", "Prompt tokens sent to continue "
+            "broken streams (the prompt plus the text already sent), by pool: the operator's "
+            "cost of continuing (usage records: continuation_cost).", ["pool"], registry=r)
         self.quota_rejections = Counter("gateway_quota_rejections",
                                         "Requests refused by a quota limit.",
                                         ["limit", *tenant], registry=r)

@@ -317,6 +317,12 @@ class Metrics(MetricFamilies):
         if self.enabled:
             self.continuations.labels(pool, outcome).inc()
 
+    def continuation_prompt(self, pool: str, tokens: int) -> None:
+        """A continuation of a broken stream sent ``tokens`` prompt tokens (the prompt plus
+        the text already sent)."""
+        if self.enabled and tokens > 0:
+            self.continuation_prompts.labels(pool).inc(tokens)
+
     def usage_rejected(self, pool: str, backend: str, reason: str) -> None:
         """A backend's answer carried usage the gateway did not believe (``reason``: the kind,
         ``accounting.usage_bounds.KINDS``); its record holds the gateway's estimate."""

@@ -20,8 +20,10 @@ the text already sent, and the relay sends its chunks into the same client strea
 Then the scanner sees one stream, so the meter, the translated APIs (their events are made
 from the chat chunks the scanner decodes, in order) and the record need nothing else. The
 record says ``continued`` and holds the continuations' prompt (``continuation_prompt``: the
-prompt plus the prefix, as the backend reported it, else the gateway's count), which is the
-operator's cost, not the tenant's.
+prompt plus the prefix, as the backend reported it, else the gateway's count) and its price
+(``continuation_cost``, from the meter: ``accounting.meter.add_continuation``), the operator's
+cost, charged to the tenant too only with ``continuation.billed``. The pool's
+``gateway_stream_continuation_prompt_tokens_total`` counts those tokens.
 
 Not continued (the error event ends the stream, as without continuation): a stream that
 carried tool calls or reasoning or several choices (``Scanner.reply_text`` is None), one whose
@@ -240,6 +242,11 @@ class Continuer:
 
         self._forward: Callable[[bytes], Awaitable[Forwarded]] = again
 
+    @property
+    def billed(self) -> bool:
+        """Whether the continuations' prompt is charged to the tenant (``billed``)."""
+        return self._settings.billed
+
     async def resume(self, error: UpstreamError) -> AsyncIterator[bytes] | None:
         """The rest of the answer from another backend, or None (see the module docstring)."""
         ctx, failed = self._ctx, self.forwarded
@@ -277,7 +284,7 @@ class Continuer:
         log.info("request %s: stream broken on %s after %d tokens (%s), continued on %s",
                  ctx.request_id, failed.backend.label, splice.sent, error,
                  answer.backend.label)
-        return self._relay(answer, splice, estimate)
+        return self._relay(answer, splice, estimate, pool)
 
     def _plan(self) -> tuple[bytes, Splice] | None:
         """The continuation's body and splice, or None when this stream is not continued."""
@@ -295,18 +302,24 @@ class Continuer:
             return None
         return body, Splice(self._rewriter(), prompt=self._prompt(), sent=sent)
 
-    async def _relay(self, answer: Forwarded, splice: Splice, estimate: int
+    async def _relay(self, answer: Forwarded, splice: Splice, estimate: int, pool: str
                      ) -> AsyncIterator[bytes]:
-        first = answer.first_chunk
-        if first:
-            yield splice.feed(first)
-        async for chunk in answer.response.chunks():
-            yield splice.feed(chunk)
-        if tail := splice.flush():
-            yield tail
-        prompt = splice.usage.get("prompt_tokens") if splice.usage is not None else None
-        if isinstance(prompt, int) and prompt >= 0:  # the backend's figure for it
-            self._ctx.continuation_prompt += prompt - estimate
+        counted = estimate  # the continuation's prompt tokens, as the record holds them
+        try:
+            first = answer.first_chunk
+            if first:
+                yield splice.feed(first)
+            async for chunk in answer.response.chunks():
+                yield splice.feed(chunk)
+            if tail := splice.flush():
+                yield tail
+            prompt = splice.usage.get("prompt_tokens") if splice.usage is not None else None
+            if isinstance(prompt, int) and prompt >= 0:  # the backend's figure for it
+                self._ctx.continuation_prompt += prompt - estimate
+                counted = prompt
+        finally:  # once, whether it ended, broke or was left
+            if self._metrics is not None:
+                self._metrics.continuation_prompt(pool, counted)
 
     def _count_outcome(self, pool: str, outcome: str) -> None:
         if self._metrics is not None:

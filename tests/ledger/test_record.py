@@ -67,10 +67,15 @@ def test_make_record_without_usage() -> None:
     assert (r.outcome, r.status, r.prompt_total, r.cost_micros) == ("rejected", 429, 0, 0)
 
 
+#: the record fields of the cost lines not named ``cost_<line>``
+_COST_FIELDS = {"total": "cost_micros", "continuation": "continuation_cost"}
+
+
 def test_make_record_copies_every_token_and_cost_field_by_name() -> None:
     """Each record field named like a ``TokenUsage`` field is copied from it, and each
-    ``cost_<x>`` from the ``CostBreakdown``'s ``<x>`` (``cost_micros`` from its total): a
-    distinct value in every source field must arrive in its field."""
+    ``cost_<x>`` from the ``CostBreakdown``'s ``<x>`` (``cost_micros`` from its total,
+    ``continuation_cost`` from its ``continuation``): a distinct value in every source field
+    must arrive in its field."""
     record_fields = set(UsageRecord.__struct_fields__)
     numeric = [f for f in TokenUsage.__struct_fields__
                if f in record_fields and isinstance(getattr(TokenUsage(), f), int)
@@ -87,6 +92,6 @@ def test_make_record_copies_every_token_and_cost_field_by_name() -> None:
         assert getattr(record, name) == value, name
     assert record.estimated is True and record.estimate_reason == "no_usage"
     for name in cost_names:
-        field = "cost_micros" if name == "total" else f"cost_{name}"
+        field = _COST_FIELDS.get(name, f"cost_{name}")
         assert field in record_fields, field
         assert getattr(record, field) == getattr(costs, name), field

@@ -26,8 +26,17 @@ from gateway.ledger.sql.schema import RECORD_COLUMNS, ROLLUP_COUNTERS, ROLLUP_KE
 from gateway.ledger.sql.sqlite import SqliteLedger, split_script
 from gateway.ledger.sql.store import SqlLedger
 from gateway.ledger.sql.url import describe, parse_ledger_url
+from gateway.ledger.sql.usage_query import UsageQuery
 from tests.ledger.postgres import SQL_DIALECTS
-from tests.ledger.usage_data import FINEST, all_rows, assert_reads_match, day_ms, day_span
+from tests.ledger.usage_data import (
+    FINEST,
+    all_rows,
+    assert_reads_match,
+    day_ms,
+    day_span,
+    expected_rows,
+    row_dict,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -304,12 +313,82 @@ async def test_closed_days_are_compacted_into_the_daily_rollups(
     await assert_reads_match(ledger, tenant, records + late, ((), ("day", "model"), FINEST))
 
 
-async def _insert_raw(ledger: SqlLedger, records: list[UsageRecord]) -> None:
+async def _tenant_daily_rows(ledger: SqlLedger, tenant: str) -> int:
+    p = "$1" if ledger.dialect == "postgresql" else "?"
+    ((n,),) = await ledger._fetch(
+        f"SELECT count(*) FROM usage_daily_tenants WHERE tenant = {p}", [tenant])
+    return int(n)
+
+
+def test_reads_by_tenant_alone_take_the_tenant_rollups() -> None:
+    """A read of whole days grouped by tenant, team, organization, day or month only takes
+    its compacted days from ``usage_daily_tenants``; any other dimension, or hours, does
+    not."""
+    day = 20_000 * DAY_MS
+    for group_by in ((), ("tenant",), ("day", "organization"), ("month", "team", "tenant")):
+        sql = UsageQuery.build("postgresql", None, day, day + DAY_MS, group_by).sql
+        assert "usage_daily_tenants" in sql, group_by
+    for group_by in (("model",), ("tenant", "key"), ("day", "class")):
+        sql = UsageQuery.build("postgresql", None, day, day + DAY_MS, group_by).sql
+        assert "usage_daily_tenants" not in sql and "usage_daily" in sql, group_by
+    assert "usage_daily" not in UsageQuery.build("postgresql", None, day, day + DAY_MS - 1,
+                                                 ("tenant",)).sql
+
+
+async def test_reads_across_tenants_equal_the_records_before_and_after_compaction(
+        make_sql: Callable[..., Any]) -> None:
+    """The operator's read (every tenant, grouped by tenant, team or organization) equals the
+    records' sums while the day is open (hourly rollups), once it is compacted (the tenant
+    rollups, written by the compaction), and after a late record for the compacted day (added
+    to them by the write path); SQLite's trigger keeps them current throughout."""
+    run = uuid.uuid4().hex[:8]
+    tenants = [f"t-{run}-{i}" for i in range(3)]
+    orgs = {t: f"o-{run}-{i % 2}" for i, t in enumerate(tenants)}
+    teams = {t: f"team-{run}-{i}" for i, t in enumerate(tenants)}
+    ledger = await make_sql()
+    postgres = ledger.dialect == "postgresql"
+    today = time.time_ns() // 1_000_000 // DAY_MS * DAY_MS
+    rng = random.Random(12)
+
+    def make(i: int, ts: int) -> UsageRecord:
+        tenant = rng.choice(tenants)
+        return record(tenant, ts_ms=ts, team=teams[tenant], organization=orgs[tenant],
+                      model=rng.choice("abc"), key_id=rng.choice(["k1", "k2", None]),
+                      output=rng.randint(0, 90), cost_micros=rng.randint(0, 10_000),
+                      outcome="failed" if i % 5 == 0 else "completed")
+
+    records = [make(i, today + i * 997) for i in range(60)]
+
+    async def check(written: list[UsageRecord]) -> None:
+        for group_by in (("tenant",), ("day", "organization"), ("team",), ()):
+            got = [row_dict(r, group_by)
+                   for r in await all_rows(ledger, None, today, today + DAY_MS, group_by)]
+            assert got == expected_rows(written, group_by, today, today + DAY_MS, None), \
+                group_by
+
+    for r in records:
+        ledger.write_nowait(r)
+    await ledger.flush()
+    assert (await _tenant_daily_rows(ledger, tenants[0]) == 0) is postgres
+    await check(records)
+    assert await ledger.compact(today + DAY_MS + GRACE_MS) == (1 if postgres else 0)
+    assert await _tenant_daily_rows(ledger, tenants[0]) == 1
+    await check(records)
+    late = [make(i, today + 5_000 + i) for i in range(4)]
+    for r in late:
+        ledger.write_nowait(r)
+    await ledger.flush()
+    await check(records + late)
+
+
+async def _insert_raw(ledger: SqlLedger, records: list[UsageRecord], until: str = "api"
+                      ) -> None:
     """Records as a version-1 gateway wrote them (no rollups then, and only the columns of
-    version 1: ``api`` came with migration 4)."""
+    version 1: ``api`` came with migration 4); with ``until``, the columns before that one
+    (those of the version before the migration that added it)."""
     from gateway.ledger.sql.schema import quoted, record_row
 
-    v1 = RECORD_COLUMNS[:RECORD_COLUMNS.index("api")]
+    v1 = RECORD_COLUMNS[:RECORD_COLUMNS.index(until)]
     cols = quoted(v1)
     rows = [record_row(r)[:len(v1)] for r in records]
     if isinstance(ledger, PostgresLedger):
@@ -327,6 +406,35 @@ async def _insert_raw(ledger: SqlLedger, records: list[UsageRecord]) -> None:
             marks = ", ".join("?" * (len(v1) + 1))
             conn.executemany(f"INSERT INTO usage_records (day, {cols}) VALUES ({marks})",
                              [(r.day, *row) for r, row in zip(records, rows, strict=True)])
+
+
+async def test_migration_11_adds_the_continuation_cost(
+    make_sql: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database at version 10 holding a continued stream's record: migrating to 11 adds
+    ``usage_records.continuation_cost``, 0 on that record, and a record written after it
+    keeps its own continuation cost through the database."""
+    import gateway.ledger.sql.postgres as pg_module
+    import gateway.ledger.sql.sqlite as sqlite_module
+
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    old = await make_sql(start=False)
+    monkeypatch.setattr(pg_module, "MIGRATIONS", MIGRATIONS[:10])
+    monkeypatch.setattr(sqlite_module, "MIGRATIONS", MIGRATIONS[:10])
+    assert await old.migrate() == list(range(1, 11))
+    before = record(tenant, continued=True, continuation_prompt=40)
+    await _insert_raw(old, [before], until="continuation_cost")
+    await old.close()
+    monkeypatch.undo()
+    ledger = await make_sql()  # migrates 11 at start
+    assert await ledger.applied_version() == SCHEMA_VERSION >= 11
+    after = record(tenant, continued=True, continuation_prompt=40, continuation_cost=120,
+                   cost_micros=240)
+    await ledger.write_durable(after)
+    back = {r.request_id: r async for r in ledger.export(0, 2**62, tenant)}
+    assert back[before.request_id].continuation_cost == 0
+    assert back[before.request_id].continuation_prompt == 40
+    assert msgspec.structs.asdict(back[after.request_id]) == msgspec.structs.asdict(after)
 
 
 async def test_migrate_is_idempotent_and_concurrent(make_sql: Callable[..., Any]) -> None:

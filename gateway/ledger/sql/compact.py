@@ -8,7 +8,9 @@ other tenant's), so a tenant-month read fetched thousands of pages. Here the wri
 maintains ``usage_hourly`` alone; once a UTC day has closed (plus ``GRACE_MS`` for the records
 of requests that ended after midnight), ``compact_day`` sums that day's hourly rows into
 ``usage_daily`` in one statement, in primary-key order (tenant first), so a tenant's day is a
-run of neighbouring rows and a tenant-month about 30 short runs.
+run of neighbouring rows and a tenant-month about 30 short runs; the same statement sums those
+rows per tenant, team and organization into ``usage_daily_tenants`` (a read across every
+tenant: the month is a few thousand rows there against every group's daily rows).
 
 ``usage_rollup_state.daily_through_ms`` (one row) is the first day not yet in
 ``usage_daily``; reads take days before it from ``usage_daily`` and hours from it on from
@@ -31,7 +33,12 @@ gain); its boundary is ``ALWAYS_CURRENT_MS`` and nothing is compacted.
 
 from __future__ import annotations
 
-from gateway.ledger.sql.schema import ROLLUP_COUNTERS, ROLLUP_KEYS, quoted
+from gateway.ledger.sql.schema import (
+    ROLLUP_COUNTERS,
+    ROLLUP_KEYS,
+    TENANT_ROLLUP_KEYS,
+    quoted,
+)
 
 __all__ = ["COMPACT_DAY", "GRACE_MS", "LOCK_STATE", "MOVE_BOUNDARY", "THROUGH", "THROUGH_SHARED"]
 
@@ -49,17 +56,27 @@ MOVE_BOUNDARY = "UPDATE usage_rollup_state SET daily_through_ms = $1::bigint WHE
 
 
 def _compact_day() -> str:
-    """``$1`` is the day's first ms: its hourly rows summed per group into its daily rows."""
+    """``$1`` is the day's first ms: its hourly rows summed per group into its daily rows,
+    and those (as written: the whole day's sums) per tenant, team and organization into its
+    ``usage_daily_tenants`` rows, in one statement."""
     keys = ", ".join(ROLLUP_KEYS)
+    tenant_keys = ", ".join(TENANT_ROLLUP_KEYS)
     sums = ", ".join(f'sum("{c}")' for c in ROLLUP_COUNTERS)
     replace = ", ".join(f'"{c}" = excluded."{c}"' for c in ROLLUP_COUNTERS)
     return f"""
-INSERT INTO usage_daily (day_ms, {keys}, {quoted(ROLLUP_COUNTERS)})
-SELECT $1::bigint, {keys}, {sums}
-FROM usage_hourly WHERE hour_ms >= $1::bigint AND hour_ms < $1::bigint + {DAY_MS}
-GROUP BY {keys} ORDER BY {keys}
-ON CONFLICT (tenant, day_ms, key_id, model, request_class, version, batch_id, team,
-             organization) DO UPDATE SET {replace}
+WITH daily AS (
+    INSERT INTO usage_daily (day_ms, {keys}, {quoted(ROLLUP_COUNTERS)})
+    SELECT $1::bigint, {keys}, {sums}
+    FROM usage_hourly WHERE hour_ms >= $1::bigint AND hour_ms < $1::bigint + {DAY_MS}
+    GROUP BY {keys} ORDER BY {keys}
+    ON CONFLICT (tenant, day_ms, key_id, model, request_class, version, batch_id, team,
+                 organization) DO UPDATE SET {replace}
+    RETURNING {tenant_keys}, {quoted(ROLLUP_COUNTERS)}
+)
+INSERT INTO usage_daily_tenants (day_ms, {tenant_keys}, {quoted(ROLLUP_COUNTERS)})
+SELECT $1::bigint, {tenant_keys}, {sums} FROM daily
+GROUP BY {tenant_keys} ORDER BY {tenant_keys}
+ON CONFLICT (day_ms, {tenant_keys}) DO UPDATE SET {replace}
 """
 
 

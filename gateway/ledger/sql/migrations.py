@@ -52,6 +52,14 @@ migrated it: upgrade this one).
 10. ``usage_records.continued`` and ``continuation_prompt``: whether a stream broken after its
    first byte went on on another backend, and the prompt tokens of its continuations (false
    and 0 for the records written before it).
+11. ``usage_records.continuation_cost``: the continuations' prompt priced at the uncached
+   input price, micro-units (the operator's cost; in ``cost_micros`` too when the policy bills
+   it); 0 for the records written before it.
+12. ``usage_daily_tenants``: the daily rollups by tenant, team and organization alone (about
+   one row a tenant a day), back-filled from ``usage_daily`` and kept beside it (PostgreSQL:
+   by the compaction and the write path's late records, ``compact.py``; SQLite: a trigger), so
+   a read across every tenant (the console's operator page, ``/v1/usage`` without a tenant)
+   sums a few thousand rows a month instead of every group's.
 """
 
 from __future__ import annotations
@@ -294,6 +302,43 @@ END;
 """
 
 
+
+# -- 12: the daily rollups by tenant alone ----------------------------------------------------
+_TENANT_KEYS = ("tenant", "team", "organization")
+
+
+def _tenant_daily(text: str, bigint: str) -> str:
+    """The table of 12 and its back-fill from ``usage_daily`` (the same closed days)."""
+    keys = " ".join(f"{k} {text} NOT NULL DEFAULT ''," for k in _TENANT_KEYS)
+    counters = ", ".join(f'"{c}" {bigint} NOT NULL DEFAULT 0' for c in _COUNTERS)
+    names = ", ".join(_TENANT_KEYS)
+    sums = ", ".join(f'sum("{c}")' for c in _COUNTERS)
+    return f"""
+CREATE TABLE usage_daily_tenants (
+    day_ms {bigint} NOT NULL, {keys} {counters},
+    PRIMARY KEY (day_ms, {names}));
+INSERT INTO usage_daily_tenants (day_ms, {names}, {", ".join(f'"{c}"' for c in _COUNTERS)})
+SELECT day_ms, {names}, {sums} FROM usage_daily GROUP BY day_ms, {names};
+"""
+
+
+def _tenant_daily_trigger() -> str:
+    """SQLite's third trigger: each inserted record into its tenant's day."""
+    keys = ", ".join(f"coalesce(NEW.{k}, '')" for k in _TENANT_KEYS)
+    values = ", ".join(f'NEW."{c}"' for c in _SUMMED)
+    updates = ", ".join(f'"{c}" = "{c}" + excluded."{c}"' for c in _COUNTERS)
+    return f"""
+CREATE TRIGGER usage_daily_tenants_on_insert AFTER INSERT ON usage_records BEGIN
+INSERT INTO usage_daily_tenants (day_ms, {", ".join(_TENANT_KEYS)},
+                                 {", ".join(f'"{c}"' for c in _COUNTERS)})
+VALUES (NEW.ts_ms - NEW.ts_ms % 86400000, {keys}, 1,
+        CASE WHEN NEW.outcome <> 'completed' THEN 1 ELSE 0 END,
+        CASE WHEN NEW.estimated THEN 1 ELSE 0 END, {values})
+ON CONFLICT (day_ms, {", ".join(_TENANT_KEYS)}) DO UPDATE SET {updates};
+END;
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "usage records", _SCHEMA_TABLE_PG + _RECORDS_PG,
               _SCHEMA_TABLE_SQLITE + _RECORDS_SQLITE),
@@ -325,6 +370,13 @@ MIGRATIONS: tuple[Migration, ...] = (
               "ALTER TABLE usage_records ADD COLUMN continued INTEGER NOT NULL DEFAULT 0;\n"
               "ALTER TABLE usage_records ADD COLUMN continuation_prompt INTEGER NOT NULL "
               "DEFAULT 0;\n"),
+    Migration(11, "the price of a stream's continuations",
+              "ALTER TABLE usage_records ADD COLUMN continuation_cost bigint NOT NULL "
+              "DEFAULT 0;\n",
+              "ALTER TABLE usage_records ADD COLUMN continuation_cost INTEGER NOT NULL "
+              "DEFAULT 0;\n"),
+    Migration(12, "daily rollups by tenant", _tenant_daily("text", "bigint"),
+              _tenant_daily("TEXT", "INTEGER") + _tenant_daily_trigger()),
 )
 
 #: the schema version this gateway reads and writes

@@ -41,6 +41,7 @@ from gateway.ledger.sql.schema import (
     RECORD_COLUMNS,
     ROLLUP_COUNTERS,
     ROLLUP_KEYS,
+    TENANT_ROLLUP_KEYS,
     quoted,
     record_row,
 )
@@ -63,22 +64,27 @@ _COUNTERS = ROLLUP_COUNTERS
 _SUMMED = ROLLUP_COUNTERS[3:]  # requests, failed and estimated are counts, the rest sums
 
 
-def _rollup_upsert(table: str, grain_ms: int, time_column: str, where: str = "") -> str:
+_GROUP_KEY = ("tenant, {time}, key_id, model, request_class, version, batch_id, team, "
+              "organization")
+
+
+def _rollup_upsert(table: str, grain_ms: int, time_column: str, where: str = "", *,
+                   keys: tuple[str, ...] = ROLLUP_KEYS, conflict: str = _GROUP_KEY) -> str:
     """The CTE body adding the batch's new records (those ``where`` keeps) to one rollup
     table: summed per group (once per group per batch), groups in key order so replicas
-    flushing at once lock rollup rows in one order."""
-    group = ", ".join(f"coalesce({k}, '')" for k in ROLLUP_KEYS)
+    flushing at once lock rollup rows in one order. ``keys`` are the table's group columns,
+    ``conflict`` its primary key (``{time}`` for its time column)."""
+    group = ", ".join(f"coalesce({k}, '')" for k in keys)
     sums = ", ".join(f'sum("{c}")' for c in _SUMMED)
     updates = ", ".join(f'"{c}" = {table}."{c}" + excluded."{c}"' for c in _COUNTERS)
-    positions = ", ".join(str(i + 1) for i in range(len(ROLLUP_KEYS) + 1))
+    positions = ", ".join(str(i + 1) for i in range(len(keys) + 1))
     return f"""
-    INSERT INTO {table} ({time_column}, {", ".join(ROLLUP_KEYS)}, {quoted(_COUNTERS)})
+    INSERT INTO {table} ({time_column}, {", ".join(keys)}, {quoted(_COUNTERS)})
     SELECT ts_ms - ts_ms % {grain_ms}, {group}, count(*),
            sum(CASE WHEN outcome <> 'completed' THEN 1 ELSE 0 END),
            sum(CASE WHEN estimated THEN 1 ELSE 0 END), {sums}
     FROM new {where} GROUP BY {positions} ORDER BY {positions}
-    ON CONFLICT (tenant, {time_column}, key_id, model, request_class, version, batch_id, team,
-                 organization) DO UPDATE SET {updates}"""
+    ON CONFLICT ({conflict.format(time=time_column)}) DO UPDATE SET {updates}"""
 
 
 def _insert_statement() -> str:
@@ -90,7 +96,8 @@ def _insert_statement() -> str:
     batches of 256 (``loadtest/bench/LEDGER.md``): 11-12 us of loop CPU a record with 40
     arrays, 6.5-7 with one, the same PostgreSQL CPU. The new records go into the hourly
     rollups; the daily ones are made from those once a day closes (``compact.py``), so only
-    new records of a day already compacted are added to ``usage_daily`` here (a replayed
+    new records of a day already compacted are added to ``usage_daily`` (and
+    ``usage_daily_tenants``) here (a replayed
     spool, a late batch: the boundary share-locked, which orders this flush against a
     compaction). Records are inserted in key
     order and rollup groups updated in key order, so concurrent flushes (two in flight per
@@ -105,6 +112,10 @@ WITH new AS (
 ), hourly AS ({_rollup_upsert("usage_hourly", 3_600_000, "hour_ms")}
 ), daily AS ({_rollup_upsert("usage_daily", 86_400_000, "day_ms",
                              f"WHERE ts_ms < {THROUGH_SHARED}")}
+), daily_tenants AS ({_rollup_upsert("usage_daily_tenants", 86_400_000, "day_ms",
+                                     f"WHERE ts_ms < {THROUGH_SHARED}",
+                                     keys=TENANT_ROLLUP_KEYS,
+                                     conflict="{time}, " + ", ".join(TENANT_ROLLUP_KEYS))}
 )
 SELECT count(*) FROM new
 """

@@ -37,6 +37,7 @@ __all__ = [
     "RECORD_COLUMNS",
     "ROLLUP_COUNTERS",
     "ROLLUP_KEYS",
+    "TENANT_ROLLUP_KEYS",
     "fit_columns",
     "hour_of",
     "quoted",
@@ -54,7 +55,7 @@ RECORD_COLUMNS: tuple[str, ...] = (
     "output", "reasoning", "prompt_total", "estimated", "ttft_ms", "tpot_ms", "duration_ms",
     "cost_micros", "cost_system", "cost_history", "cost_new", "cost_tools", "cost_output",
     "cost_reasoning", "cost_cached", "cost_cache_write", "currency", "api", "estimate_reason",
-    "delivered", "sent_output", "continued", "continuation_prompt",
+    "delivered", "sent_output", "continued", "continuation_prompt", "continuation_cost",
 )
 
 #: the largest value of PostgreSQL's ``integer`` (the token, attempts and status columns)
@@ -76,6 +77,10 @@ _COSTS = ("cost_micros", "cost_system", "cost_history", "cost_new", "cost_tools"
 ROLLUP_KEYS: tuple[str, ...] = (
     "tenant", "key_id", "model", "request_class", "version", "batch_id", "team", "organization",
 )
+
+#: the keys of ``usage_daily_tenants`` (migration 12): a read grouped by no other text
+#: dimension sums its rows, about one a tenant a day (``usage_query.py``)
+TENANT_ROLLUP_KEYS: tuple[str, ...] = ("tenant", "team", "organization")
 
 #: the rollup's sums; ``requests`` counts records, ``estimated`` and ``failed`` count those
 #: records, the rest sum the record's field of the same name
@@ -133,6 +138,7 @@ def record_row(record: UsageRecord) -> tuple[Any, ...]:
         r.cost_tools, r.cost_output, r.cost_reasoning, r.cost_cached, r.cost_cache_write,
         r.currency, r.api, r.estimate_reason, r.delivered, min(max(r.sent_output, 0), INTEGER_MAX),
         r.continued, min(max(r.continuation_prompt, 0), INTEGER_MAX),
+        min(max(r.continuation_cost, 0), COST_MAX),
     )
 
 
