@@ -17,6 +17,7 @@ import copy
 import json
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import msgspec
 import pytest
@@ -479,9 +480,6 @@ def test_store_false_with_encrypted_reasoning_included_is_accepted() -> None:
 
 
 @pytest.mark.parametrize("tool", [
-    pytest.param({"type": "custom", "name": "apply_patch", "description": "Edit files.",
-                  "format": {"type": "grammar", "syntax": "lark", "definition": "start: x"}},
-                 id="custom"),
     pytest.param({"type": "web_search"}, id="web-search"),
     pytest.param({"type": "web_search_preview"}, id="web-search-preview"),
     pytest.param({"type": "local_shell"}, id="local-shell"),
@@ -494,7 +492,7 @@ def test_store_false_with_encrypted_reasoning_included_is_accepted() -> None:
                  id="mcp"),
     pytest.param({"type": "image_generation"}, id="image-generation"),
 ])
-def test_custom_and_built_in_tools_are_dropped_and_named(tool: dict[str, Any]) -> None:
+def test_built_in_tools_are_dropped_and_named(tool: dict[str, Any]) -> None:
     translated = RESPONSES.to_chat(response(tools=[FUNCTION, tool], tool_choice="required",
                                               parallel_tool_calls=True))
     assert [t["function"]["name"] for t in translated.chat["tools"]] == ["get_weather"]
@@ -504,16 +502,94 @@ def test_custom_and_built_in_tools_are_dropped_and_named(tool: dict[str, Any]) -
 
 
 def test_a_tool_choice_of_a_dropped_tool_is_dropped() -> None:
-    custom = {"type": "custom", "name": "apply_patch"}
-    for choice in ({"type": "custom", "name": "apply_patch"}, {"type": "web_search"},
+    hosted = {"type": "web_search"}
+    for choice in ({"type": "web_search"},
                    {"type": "allowed_tools", "mode": "auto", "tools": [FUNCTION]}):
-        translated = RESPONSES.to_chat(response(tools=[FUNCTION, custom], tool_choice=choice))
+        translated = RESPONSES.to_chat(response(tools=[FUNCTION, hosted], tool_choice=choice))
         assert "tool_choice" not in translated.chat
         assert translated.ignored == ("tools[1]", "tool_choice")
-    only = RESPONSES.to_chat(response(tools=[custom], tool_choice="auto",
+    only = RESPONSES.to_chat(response(tools=[hosted], tool_choice="auto",
                                         parallel_tool_calls=False))
     assert not {"tools", "tool_choice", "parallel_tool_calls"} & only.chat.keys()
     assert only.ignored == ("tools[0]",)
+
+
+APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+               "format": {"type": "grammar", "syntax": "lark", "definition": "start: x"}}
+CHAT_APPLY_PATCH = {"type": "function", "function": {
+    "name": "apply_patch", "description": "Edit files.", "parameters": {
+        "type": "object",
+        "properties": {"input": {"type": "string", "description": ANY}},
+        "required": ["input"], "additionalProperties": False}}}
+
+
+def test_a_custom_tool_is_a_chat_function_of_its_input() -> None:
+    """Codex's ``apply_patch``: offered as a function of one string, ``input``; its Lark
+    grammar, which chat cannot constrain the arguments to, is named; the tool_choice naming
+    it is chat's named function."""
+    translated = RESPONSES.to_chat(response(
+        tools=[FUNCTION, APPLY_PATCH], tool_choice={"type": "custom", "name": "apply_patch"},
+        parallel_tool_calls=False))
+    assert translated.chat["tools"] == [
+        {"type": "function", "function": {"name": "get_weather",
+                                          "parameters": {"type": "object"}}},
+        CHAT_APPLY_PATCH]
+    assert translated.chat["tool_choice"] == {"type": "function",
+                                              "function": {"name": "apply_patch"}}
+    assert translated.chat["parallel_tool_calls"] is False
+    assert translated.ignored == ("tools[1].format",) and translated.refusal is None
+
+
+@pytest.mark.parametrize("fmt", [None, {"type": "text"}], ids=["no-format", "text"])
+def test_a_custom_tool_of_free_text_drops_nothing(fmt: dict[str, Any] | None) -> None:
+    tool = {"type": "custom", "name": "run"}
+    if fmt is not None:
+        tool["format"] = fmt
+    translated = RESPONSES.to_chat(response(tools=[tool], tool_choice="required"))
+    (chat_tool,) = translated.chat["tools"]
+    assert chat_tool["function"]["name"] == "run" and "description" not in chat_tool["function"]
+    assert chat_tool["function"]["parameters"]["required"] == ["input"]
+    assert translated.chat["tool_choice"] == "required"
+    assert translated.ignored == ()
+
+
+def custom(**fields: Any) -> dict[str, Any]:
+    return {"type": "custom", **fields}
+
+
+@pytest.mark.parametrize(("tools", "choice", "param"), [
+    ([custom()], None, "tools[0].name"),
+    ([custom(name="")], None, "tools[0].name"),
+    ([custom(name=7)], None, "tools[0].name"),
+    ([custom(name="p", description=3)], None, "tools[0].description"),
+    ([custom(name="p", format="grammar")], None, "tools[0].format"),
+    ([custom(name="p", format={})], None, "tools[0].format.type"),
+    ([custom(name="p", format={"type": "grammar", "syntax": "lark"})], None,
+     "tools[0].format.definition"),
+    ([custom(name="p", format={"type": "grammar", "definition": "x"})], None,
+     "tools[0].format.syntax"),
+    ([FUNCTION, custom(name="get_weather")], None, "tools[1].name"),
+    ([custom(name="get_weather"), FUNCTION], None, "tools[1].name"),
+    ([custom(name="p")], {"type": "custom", "name": "q"}, "tool_choice.name"),
+    ([custom(name="p")], {"type": "custom"}, "tool_choice.name"),
+], ids=["no-name", "empty-name", "name-type", "description-type", "format-type",
+        "format-without-type", "grammar-without-definition", "grammar-without-syntax",
+        "name-of-a-function", "function-named-as-custom", "choice-unknown",
+        "choice-without-name"])
+def test_a_bad_custom_tool_is_a_400_naming_the_field(
+        tools: list[dict[str, Any]], choice: dict[str, Any] | None, param: str) -> None:
+    """Checked as function tools are: a 400 in OpenAI's shape naming the field (and a name
+    shared with another tool: the answer tells a custom call from a function's by its name)."""
+    payload = response(tools=tools)
+    if choice is not None:
+        payload["tool_choice"] = choice
+    with pytest.raises(InvalidRequest) as caught:
+        RESPONSES.to_chat(payload)
+    assert caught.value.param == param
+    status, body = RESPONSES.error(caught.value)
+    error = msgspec.json.decode(body)["error"]
+    assert status == 400 and error["type"] == "invalid_request_error"
+    assert error["param"] == param and error["message"]
 
 
 def test_custom_tool_calls_in_the_input_are_chat_tool_calls() -> None:
@@ -563,12 +639,12 @@ def test_codex_request_is_accepted() -> None:
     body = fixture("codex_request.json")
     translated = RESPONSES.to_chat(body)
     assert translated.refusal is None and translated.stream
-    assert set(translated.ignored) == {"client_metadata", "prompt_cache_key", "tools[2]",
+    assert set(translated.ignored) == {"client_metadata", "prompt_cache_key", "tools[2].format",
                                        "tools[3]", "include", "text.verbosity",
                                        "reasoning.summary"}
     chat = translated.chat
     assert [t["function"]["name"] for t in chat["tools"]] == ["shell_command", "update_plan",
-                                                              "view_image"]
+                                                              "apply_patch", "view_image"]
     assert chat["tool_choice"] == "auto" and chat["parallel_tool_calls"] is False
     assert chat["reasoning_effort"] == "medium"
     assert [m["role"] for m in chat["messages"]] == ["system", "system", "user", "user", "user"]
@@ -591,7 +667,7 @@ def test_a_translated_answer_names_what_was_dropped() -> None:
     ((name, value),) = upstream.headers
     assert name == b"x-gateway-ignored"
     assert set(value.decode().split(",")) == {
-        "client_metadata", "prompt_cache_key", "tools[2]", "tools[3]", "include",
+        "client_metadata", "prompt_cache_key", "tools[2].format", "tools[3]", "include",
         "text.verbosity", "reasoning.summary"}
     sent = msgspec.json.decode(upstream.body)
     assert "client_metadata" not in sent and sent["model"] == "backend-m"

@@ -29,6 +29,7 @@ from gateway.dialects.responses import (
     input_items,
 )
 from gateway.dialects.responses.answer import responses_usage
+from gateway.dialects.responses.stored import turn_messages
 from gateway.errors import BackendFailure, InvalidRequest, UpstreamTimeout
 from tests.dialects.inverse_responses import to_responses
 
@@ -42,6 +43,16 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of
 CHAT_WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
     "parameters": WEATHER["parameters"], "strict": True}}
+#: Codex's free-form tool (its Lark grammar is named when translated: test_ignored.py)
+APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+               "format": {"type": "text"}}
+CHAT_APPLY_PATCH = {"type": "function", "function": {
+    "name": "apply_patch", "description": "Edit files.", "parameters": {
+        "type": "object", "properties": {"input": {
+            "type": "string",
+            "description": "The raw free-form input of the tool, as plain text (not JSON)."}},
+        "required": ["input"], "additionalProperties": False}}}
+PATCH = "*** Begin Patch\n*** Add File: a.txt\n+h\u00e9 \"quoted\"\n*** End Patch\n"
 
 
 def test_is_a_frontend() -> None:
@@ -132,6 +143,24 @@ TRANSLATIONS = [
                 {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
             {"role": "tool", "tool_call_id": "c1", "content": "ok"}]},
         id="call-without-text-and-reasoning-dropped",
+    ),
+    pytest.param(
+        {"model": "m", "tools": [WEATHER, APPLY_PATCH],
+         "tool_choice": {"type": "custom", "name": "apply_patch"}, "input": [
+             {"role": "user", "content": "Add a.txt"},
+             {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_p",
+              "name": "apply_patch", "input": PATCH, "status": "completed"},
+             {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Done!"}]},
+        {"model": "m", "messages": [
+            {"role": "user", "content": "Add a.txt"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_p", "type": "function", "function": {
+                    "name": "apply_patch",
+                    "arguments": msgspec.json.encode({"input": PATCH}).decode()}}]},
+            {"role": "tool", "tool_call_id": "call_p", "content": "Done!"}],
+         "tools": [CHAT_WEATHER, CHAT_APPLY_PATCH],
+         "tool_choice": {"type": "function", "function": {"name": "apply_patch"}}},
+        id="custom-tool-round-trip",
     ),
     pytest.param(
         {"model": "m", "input": "x", "max_output_tokens": 64, "temperature": 0.2, "top_p": 0.9,
@@ -377,6 +406,55 @@ def test_answer(chat: dict[str, Any], output: list[dict[str, Any]], status: str,
     assert response["error"] is None
 
 
+def patch_call(index: int, call_id: str, input_: str, status: str = "completed"
+               ) -> dict[str, Any]:
+    return {"id": f"ctc_{RID}_{index}", "type": "custom_tool_call", "status": status,
+            "call_id": call_id, "input": input_, "name": "apply_patch"}
+
+
+CUSTOM_REQUEST = {"model": "public-model", "input": "Add a.txt", "tools": [WEATHER, APPLY_PATCH]}
+
+
+@pytest.mark.parametrize(("arguments", "input_"), [
+    pytest.param(msgspec.json.encode({"input": PATCH}).decode(), PATCH, id="input"),
+    pytest.param('{ "input" : "x", "other": 1 }', "x", id="input-and-more"),
+    pytest.param("*** Begin Patch", "*** Begin Patch", id="bare-text"),
+    pytest.param('{"input": 5}', '{"input": 5}', id="input-not-a-string"),
+    pytest.param('["x"]', '["x"]', id="not-an-object"),
+    pytest.param('{"input": "cut sho', '{"input": "cut sho', id="cut-short"),
+])
+def test_answer_custom_tool_call(arguments: str, input_: str) -> None:
+    """A chat call of one of the request's custom tools is a ``custom_tool_call`` item whose
+    input is the arguments' ``input`` string (the arguments as they are when they hold none);
+    a function's call stays a ``function_call``."""
+    chat = chat_answer({"content": None, "tool_calls": [
+        {"id": "call_w", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+        {"id": "call_p", "type": "function",
+         "function": {"name": "apply_patch", "arguments": arguments}}]}, "tool_calls")
+    response = FE.answer(chat, model="public-model", request_id=RID, request=CUSTOM_REQUEST)
+    parsed = Response.model_validate(response)
+    assert response["output"] == [call(0, "call_w", "get_weather", '{"city":"Paris"}'),
+                                  patch_call(1, "call_p", input_)]
+    custom = parsed.output[1]
+    assert custom.type == "custom_tool_call" and custom.input == input_
+    assert custom.call_id == "call_p" and custom.name == "apply_patch"
+    assert response["tools"] == [WEATHER, APPLY_PATCH] and response["status"] == "completed"
+    # without the request (or a custom tool in it) the same call is a function's
+    plain = FE.answer(chat, model="public-model", request_id=RID)
+    assert [item["type"] for item in plain["output"]] == ["function_call", "function_call"]
+
+
+def test_answer_custom_tool_call_cut_at_the_limit_is_incomplete() -> None:
+    chat = chat_answer({"content": None, "tool_calls": [
+        {"id": "call_p", "type": "function",
+         "function": {"name": "apply_patch", "arguments": '{"input": "*** Be'}}]}, "length")
+    response = FE.answer(chat, model="m", request_id=RID, request=CUSTOM_REQUEST)
+    Response.model_validate(response)
+    assert response["output"] == [patch_call(0, "call_p", '{"input": "*** Be', "incomplete")]
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
 def test_answer_echoes_the_request() -> None:
     request = {"model": "public-model", "input": "x", "instructions": "Be brief.",
                "tools": [WEATHER], "tool_choice": "required", "temperature": 0.3, "top_p": 0.5,
@@ -588,6 +666,10 @@ def fold(events: list[dict[str, Any]]) -> dict[str, Any]:
             item["arguments"] += event["delta"]
         elif kind == "response.function_call_arguments.done":
             assert item["arguments"] == event["arguments"]
+        elif kind == "response.custom_tool_call_input.delta":
+            item["input"] += event["delta"]
+        elif kind == "response.custom_tool_call_input.done":
+            assert item["input"] == event["input"]
         elif kind == "response.output_item.done":
             assert {**item, "status": event["item"]["status"]} == event["item"]
             output[index] = event["item"]
@@ -652,6 +734,101 @@ def test_stream_reassembles_to_the_answer(message: dict[str, Any], finish: str,
         assert final is not None
         assert final.output_text == response["output_text"]
         assert [item.id for item in final.output] == [item["id"] for item in response["output"]]
+
+
+CUSTOM_STREAMED = [
+    pytest.param({"content": None, "tool_calls": [
+        {"id": "call_p", "type": "function", "function": {
+            "name": "apply_patch", "arguments": msgspec.json.encode({"input": PATCH}).decode()}}]},
+                 "tool_calls", id="custom-call"),
+    pytest.param({"content": "Patching.", "tool_calls": [
+        {"id": "call_w", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+        {"id": "call_p", "type": "function", "function": {
+            "name": "apply_patch", "arguments": '{"input":"*** Begin Patch\\n"}'}},
+        {"id": "call_q", "type": "function", "function": {
+            "name": "apply_patch", "arguments": "bare text"}}]},
+                 "tool_calls", id="text-function-and-custom-calls"),
+    pytest.param({"content": None, "tool_calls": [
+        {"id": "call_p", "type": "function", "function": {
+            "name": "apply_patch", "arguments": '{"input":""}'}}]},
+                 "tool_calls", id="empty-input"),
+    pytest.param({"content": None, "tool_calls": [
+        {"id": "call_p", "type": "function", "function": {
+            "name": "apply_patch", "arguments": '{"input":"*** Begin Pa'}}]},
+                 "length", id="cut-at-the-limit"),
+]
+
+
+@pytest.mark.parametrize(("message", "finish"), CUSTOM_STREAMED)
+@pytest.mark.parametrize("pieces", [1, 3, 40])
+def test_stream_custom_tool_call_reassembles_to_the_answer(
+        message: dict[str, Any], finish: str, pieces: int) -> None:
+    """A custom tool's call streamed: its arguments in any pieces (an escape cut anywhere),
+    folded by our fold and the SDK's stream state into the whole answer's items."""
+    chat = chat_answer(message, finish)
+    events = events_of(translate_stream([chat_stream(message, finish, USAGE, pieces)],
+                                        CUSTOM_REQUEST))
+    response = fold(events)
+    assert response == FE.answer(chat, model="public-model", request_id=RID,
+                                 request=CUSTOM_REQUEST)
+    Response.model_validate(response)
+    calls = [item for item in response["output"] if item["type"].endswith("call")]
+    assert [item["type"] for item in calls] == [
+        "function_call" if c["function"]["name"] == "get_weather" else "custom_tool_call"
+        for c in message["tool_calls"]]
+    state = sdk_fold(events, CUSTOM_REQUEST)
+    if finish != "length":
+        final = state._completed_response
+        assert final is not None
+        assert [(item.type, getattr(item, "input", None)) for item in final.output] == [
+            (item["type"], item.get("input")) for item in response["output"]]
+
+
+def test_stream_custom_tool_call_event_order() -> None:
+    """OpenAI's order for a custom call: output_item.added (input empty), the input's delta
+    (the whole decoded input, once the chat arguments are whole) and done, output_item.done."""
+    arguments = msgspec.json.encode({"input": PATCH}).decode()
+    message = {"content": None, "tool_calls": [
+        {"id": "call_p", "type": "function",
+         "function": {"name": "apply_patch", "arguments": arguments}}]}
+    events = events_of(translate_stream([chat_stream(message, "tool_calls", USAGE, pieces=7)],
+                                        CUSTOM_REQUEST))
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.custom_tool_call_input.delta", "response.custom_tool_call_input.done",
+        "response.output_item.done", "response.completed"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    added, delta, done, item_done = events[2:6]
+    item_id = f"ctc_{RID}_0"
+    assert added["item"] == {"id": item_id, "type": "custom_tool_call", "status": "in_progress",
+                             "call_id": "call_p", "input": "", "name": "apply_patch"}
+    assert (delta["item_id"], delta["output_index"], delta["delta"]) == (item_id, 0, PATCH)
+    assert (done["item_id"], done["output_index"], done["input"]) == (item_id, 0, PATCH)
+    assert item_done["item"] == patch_call(0, "call_p", PATCH)
+    assert events[-1]["response"]["output"] == [patch_call(0, "call_p", PATCH)]
+
+
+def test_stream_custom_call_resumed_goes_to_the_final_object() -> None:
+    """A backend that went back to a custom call already closed: its input is decoded again
+    from the whole arguments, in the final object only (its events are out)."""
+    stream = FE.stream(model="m", request_id=RID, prompt_tokens=1, request=CUSTOM_REQUEST)
+    raw = b"".join([
+        chunk({"role": "assistant", "tool_calls": [{"index": 0, "id": "call_p", "function": {
+            "name": "apply_patch", "arguments": '{"input":"ab'}}]}),
+        chunk({"tool_calls": [{"index": 1, "id": "call_w", "function": {
+            "name": "get_weather", "arguments": "{}"}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'c"}'}}]}),
+        chunk({}, "tool_calls"), b"data: [DONE]\n\n"])
+    events = events_of(stream.feed(raw) + stream.finish())
+    assert [(e["type"], e.get("delta", e.get("input"))) for e in events
+            if e["type"].startswith("response.custom")] == [
+        ("response.custom_tool_call_input.delta", '{"input":"ab'),
+        ("response.custom_tool_call_input.done", '{"input":"ab')]
+    final = events[-1]["response"]
+    assert final["output"][0] == patch_call(0, "call_p", "abc")
+    assert stream.final is not None and stream.final["output"] == final["output"]
+    Response.model_validate(final)
 
 
 def test_stream_event_order() -> None:
@@ -749,6 +926,38 @@ def test_earlier_messages_drop_instructions_keep_input_system() -> None:
         {"role": "assistant", "content": "Checking.", "tool_calls": [
             {"id": "call_a", "type": "function",
              "function": {"name": "get_weather", "arguments": "{}"}}]}]
+
+
+def test_a_custom_call_is_continued_with_its_output() -> None:
+    """A stored answer's ``custom_tool_call`` is the chat tool call it was made from; a request
+    continuing it (``previous_response_id``) with a ``custom_tool_call_output`` answers it."""
+    request = {**CUSTOM_REQUEST, "instructions": "Be brief."}
+    own = FE.to_chat(request).chat["messages"][1:]
+    arguments = msgspec.json.encode({"input": PATCH}).decode()
+    answer = FE.answer(chat_answer({"content": None, "tool_calls": [
+        {"id": "call_p", "type": "function",
+         "function": {"name": "apply_patch", "arguments": arguments}}]}, "tool_calls"),
+        model="m", request_id=RID, request=request)
+    assert [item["type"] for item in answer["output"]] == ["custom_tool_call"]
+    stored = turn_messages(own, answer)
+    assert stored == [
+        {"role": "user", "content": "Add a.txt"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_p", "type": "function",
+             "function": {"name": "apply_patch", "arguments": arguments}}]}]
+    assert earlier_messages(FE.to_chat(request).chat["messages"], answer) == stored
+    follow = {"model": "m", "previous_response_id": answer["id"], "tools": [APPLY_PATCH],
+              "input": [{"type": "custom_tool_call_output", "call_id": "call_p",
+                         "output": "Done!"}]}
+    translated = FE.to_chat(follow, stored)
+    assert translated.refusal is None and translated.ignored == ()
+    assert translated.chat["messages"] == [
+        *stored, {"role": "tool", "tool_call_id": "call_p", "content": "Done!"}]
+    assert translated.chat["tools"] == [CHAT_APPLY_PATCH]
+    # the follow-up's input items, with ids of their kind
+    page = input_items(follow, response_id=f"resp_{RID}")
+    ResponseItemList.model_validate(page)
+    assert [item["id"] for item in page["data"]] == [f"ctco_{RID}_in0"]
 
 
 def test_three_turns_with_previous_response_id() -> None:

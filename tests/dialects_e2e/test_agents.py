@@ -11,6 +11,9 @@ or declared as speaking Messages and Responses (requests pass through as sent):
 * Codex CLI's request (``codex_request.json``: client_metadata, include, reasoning,
   prompt_cache_key, text.verbosity, parallel_tool_calls, store false with encrypted reasoning
   included, a custom and a built-in tool) is accepted;
+* Codex's custom tool (``apply_patch``) works translated: the openai client's stream of a call
+  to it is a ``custom_tool_call`` with its events in OpenAI's order, and the call's output sent
+  back (Codex re-sends the conversation, ``store`` false) is answered;
 * a translated answer names what was dropped in ``x-gateway-ignored``; a passed-through one
   names nothing;
 * ``stop_sequences`` that end an answer give ``stop_reason: "stop_sequence"`` and the string,
@@ -186,8 +189,8 @@ def test_codex_request_is_accepted(gw: GatewayProcess) -> None:
     assert final["model"] == "chat-model"
     assert [item["type"] for item in final["output"]] == ["function_call"]
     if translated(gw):
-        assert ignored(r) == {"client_metadata", "prompt_cache_key", "tools[2]", "tools[3]",
-                              "include", "text.verbosity", "reasoning.summary"}
+        assert ignored(r) == {"client_metadata", "prompt_cache_key", "tools[2].format",
+                              "tools[3]", "include", "text.verbosity", "reasoning.summary"}
     else:
         assert "x-gateway-ignored" not in r.headers
     # and with the openai SDK (client_metadata is none of its parameters: extra_body)
@@ -198,6 +201,50 @@ def test_codex_request_is_accepted(gw: GatewayProcess) -> None:
         done = stream.get_final_response()
     assert done.output[0].type == "function_call" and done.output[0].name == "shell_command"
     assert [t.type for t in done.tools][2:4] == ["custom", "web_search"]
+
+
+def test_codex_custom_tool_call_streamed_with_the_openai_client(gw: GatewayProcess) -> None:
+    """Codex's ``apply_patch`` (a custom tool with a Lark grammar), chosen: translated, the
+    simulator calls the chat function it became, with ``{"input": "sim"}`` (its schema's one
+    required string), and the openai client reads a ``custom_tool_call`` whose input is the
+    string, streamed as OpenAI streams one. Passed through, the simulator never calls custom
+    tools (its own Responses API): nothing to check there."""
+    if not translated(gw):
+        pytest.skip("the simulator's own Responses API never calls custom tools")
+    body = fixture("codex_request.json")
+    apply_patch = body["tools"][2]
+    assert apply_patch["type"] == "custom" and apply_patch["format"]["type"] == "grammar"
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=TEST_KEY, max_retries=0)
+    user = {"role": "user", "content": "Add a file."}
+    raw = client.responses.with_raw_response.create(
+        model="chat-model", input=[user], tools=[apply_patch], store=False, stream=True,
+        tool_choice={"type": "custom", "name": "apply_patch"})
+    assert set(raw.headers["x-gateway-ignored"].split(",")) == {"tools[0].format"}
+    events = list(raw.parse())
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.custom_tool_call_input.delta", "response.custom_tool_call_input.done",
+        "response.output_item.done", "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    added, delta, done, item_done = events[2:6]
+    assert added.type == "response.output_item.added"
+    assert added.item.type == "custom_tool_call" and added.item.input == ""
+    assert delta.type == "response.custom_tool_call_input.delta" and delta.delta == "sim"
+    assert done.type == "response.custom_tool_call_input.done" and done.input == "sim"
+    assert delta.item_id == done.item_id == added.item.id and delta.output_index == 0
+    assert item_done.type == "response.output_item.done"
+    call = item_done.item
+    assert call.type == "custom_tool_call"
+    assert (call.name, call.input, call.id) == ("apply_patch", "sim", added.item.id)
+    assert call.call_id
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output == [call]
+    # the call's output, with the conversation re-sent (Codex's way, store false): text
+    reply = client.responses.create(
+        model="chat-model", tools=[apply_patch], store=False, max_output_tokens=8, input=[
+            user, call.model_dump(exclude_none=True),
+            {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done!"}])
+    assert [item.type for item in reply.output] == ["message"] and reply.output_text
 
 
 def test_an_unknown_field_is_dropped_and_named_never_refused(gw: GatewayProcess) -> None:

@@ -209,3 +209,45 @@ def test_a_stream_is_stored_from_its_final_event(gw: GatewayProcess) -> None:
     assert follow.previous_response_id == got.id
     (record,) = records(gw, 1)
     assert record["history"] > 0
+
+
+APPLY_PATCH: Any = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+                    "format": {"type": "grammar", "syntax": "lark",
+                               "definition": 'start: "*** Begin Patch" /(.|\\n)*/'}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_custom_tool_call_is_continued_with_its_output(
+        gw: GatewayProcess, request: pytest.FixtureRequest, stream: bool) -> None:
+    """Codex's ``apply_patch`` translated: the stored response holds a ``custom_tool_call``
+    (the simulator calls the chat function it became with ``{"input": "sim"}``), and a request
+    continuing it with a ``custom_tool_call_output`` gets the call and its output to the
+    backend and a text answer back. Passed through, the simulator never calls custom tools."""
+    if request.node.callspec.params["gw"] == "passthrough":
+        pytest.skip("the simulator's own Responses API never calls custom tools")
+    c = client(gw)
+    choice: Any = {"type": "custom", "name": "apply_patch"}
+    if stream:
+        events = list(c.responses.create(model="chat-model", input="Add a file.", stream=True,
+                                         tools=[APPLY_PATCH], tool_choice=choice))
+        assert events[-1].type == "response.completed"
+        first = events[-1].response
+    else:
+        first = c.responses.create(model="chat-model", input="Add a file.",
+                                   tools=[APPLY_PATCH], tool_choice=choice)
+    (call,) = first.output
+    assert call.type == "custom_tool_call" and (call.name, call.input) == ("apply_patch", "sim")
+    stored = c.responses.retrieve(first.id)
+    assert stored.output == first.output
+    follow = c.responses.create(
+        model="chat-model", previous_response_id=first.id, tools=[APPLY_PATCH],
+        max_output_tokens=8, input=[{"type": "custom_tool_call_output",
+                                     "call_id": call.call_id, "output": "Done!"}])
+    # the simulator answers text after a tool result
+    assert [item.type for item in follow.output] == ["message"] and follow.output_text
+    assert follow.previous_response_id == first.id
+    (record,) = records(gw, 1)
+    assert record["history"] > 0  # the stored turn, with its call, re-sent
+    items = c.responses.input_items.list(follow.id)
+    assert [i.type for i in items.data] == ["custom_tool_call_output"]
+    assert items.data[0].id.startswith("ctco_")  # type: ignore[union-attr]

@@ -11,7 +11,10 @@ does and as the SDK's ``Response`` model requires (``tools``, ``tool_choice``,
 Output items from a chat answer, in this order: the backend's reasoning text
 (``reasoning_content`` or ``reasoning``, as vLLM and DeepSeek send it) as a ``reasoning`` item
 with a ``reasoning_text`` part; the assistant text (and a refusal) as one ``message`` item; each
-tool call as a ``function_call`` item whose ``call_id`` is the chat tool call's id. A message
+tool call as a ``function_call`` item whose ``call_id`` is the chat tool call's id, or, when it
+calls one of the request's ``custom`` tools (``custom_tool_names``: the request translation
+offered each as a chat function of one string parameter, ``{"input": ...}``), a
+``custom_tool_call`` item whose ``input`` is that string (``custom_input``). A message
 item is written when there is text or a refusal, or when there is nothing else (an empty
 answer is an empty message). Item ids are ``<kind>_<request id>_<output index>``, so the stream
 and the whole answer name them alike. ``finish_reason`` ``length`` makes the response
@@ -41,6 +44,9 @@ __all__ = [
     "INCOMPLETE",
     "chat_answer_from_response",
     "chat_usage",
+    "custom_input",
+    "custom_tool_call_item",
+    "custom_tool_names",
     "function_call_item",
     "item_id",
     "message_item",
@@ -56,6 +62,8 @@ __all__ = [
 #: chat ``finish_reason`` -> the reason of an ``incomplete`` response
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _FINISH = {"max_output_tokens": "length", "content_filter": "content_filter"}
+_decode = msgspec.json.decode
+_NO_NAMES: frozenset[str] = frozenset()
 
 
 def response_id(request_id: str) -> str:
@@ -64,7 +72,8 @@ def response_id(request_id: str) -> str:
 
 
 def item_id(kind: str, request_id: str, index: int) -> str:
-    """An output item's id: ``msg``, ``fc`` or ``rs``, the request id, its output index."""
+    """An output item's id: ``msg``, ``fc``, ``ctc`` or ``rs``, the request id, its output
+    index."""
     return f"{kind}_{request_id}_{index}"
 
 
@@ -81,6 +90,37 @@ def function_call_item(id_: str, call_id: str, name: str, arguments: str, status
                        ) -> dict[str, Any]:
     return {"id": id_, "type": "function_call", "status": status, "arguments": arguments,
             "call_id": call_id, "name": name}
+
+
+def custom_tool_call_item(id_: str, call_id: str, name: str, input_: str, status: str
+                          ) -> dict[str, Any]:
+    return {"id": id_, "type": "custom_tool_call", "status": status, "call_id": call_id,
+            "input": input_, "name": name}
+
+
+def custom_tool_names(request: Mapping[str, Any] | None) -> frozenset[str]:
+    """The names of the request's ``custom`` tools: the chat functions whose calls are
+    ``custom_tool_call`` items (the request translation refuses a custom tool whose name
+    another tool has, so a name tells them apart). Read from the client's request, as the
+    answer's echoed settings are."""
+    tools = request.get("tools") if request is not None else None
+    if not tools or not isinstance(tools, list):
+        return _NO_NAMES
+    return frozenset(tool["name"] for tool in tools
+                     if isinstance(tool, dict) and tool.get("type") == "custom"
+                     and isinstance(tool.get("name"), str))
+
+
+def custom_input(arguments: str) -> str:
+    """A custom tool's free-form input from the chat arguments it was called with: the string
+    ``input`` of their JSON object, or the arguments as they are when they are not such an
+    object (a model that answered with the bare text, arguments cut at the length limit)."""
+    try:
+        decoded = _decode(arguments)
+    except msgspec.DecodeError:
+        return arguments
+    value = decoded.get("input") if isinstance(decoded, dict) else None
+    return value if isinstance(value, str) else arguments
 
 
 def reasoning_item(id_: str, text: str | None, status: str) -> dict[str, Any]:
@@ -267,12 +307,19 @@ def responses_answer(chat: Mapping[str, Any], *, model: str, request_id: str,
         if isinstance(refusal, str) and refusal:
             parts.append({"type": "refusal", "refusal": refusal})
         output.append(message_item(item_id("msg", request_id, len(output)), parts, "completed"))
+    custom = custom_tool_names(request) if calls else _NO_NAMES
     for call in calls:
         function = call.get("function") or {}
-        output.append(function_call_item(
-            item_id("fc", request_id, len(output)), str(call.get("id") or ""),
-            str(function.get("name") or ""), _arguments(function.get("arguments")),
-            "completed"))
+        name = str(function.get("name") or "")
+        arguments = _arguments(function.get("arguments"))
+        if name in custom:
+            output.append(custom_tool_call_item(
+                item_id("ctc", request_id, len(output)), str(call.get("id") or ""), name,
+                custom_input(arguments), "completed"))
+        else:
+            output.append(function_call_item(
+                item_id("fc", request_id, len(output)), str(call.get("id") or ""), name,
+                arguments, "completed"))
     if incomplete is not None:
         output[-1]["status"] = "incomplete"
     created = chat.get("created")
@@ -288,7 +335,9 @@ def responses_answer(chat: Mapping[str, Any], *, model: str, request_id: str,
 
 def chat_answer_from_response(response: Mapping[str, Any]) -> dict[str, Any]:
     """A ``response`` as the chat completions answer it was made from (the common subset: one
-    assistant message with its text, tool calls and reasoning; finish reason; usage)."""
+    assistant message with its text, tool calls and reasoning; finish reason; usage). A
+    ``custom_tool_call`` is the chat tool call it was made from, its ``input`` as the arguments
+    ``{"input": ...}`` (as the request translation sends such a call back)."""
     texts: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -302,6 +351,10 @@ def chat_answer_from_response(response: Mapping[str, Any]) -> dict[str, Any]:
         elif kind == "function_call":
             calls.append({"id": item["call_id"], "type": "function",
                           "function": {"name": item["name"], "arguments": item["arguments"]}})
+        elif kind == "custom_tool_call":
+            arguments = msgspec.json.encode({"input": item["input"]}).decode()
+            calls.append({"id": item["call_id"], "type": "function",
+                          "function": {"name": item["name"], "arguments": arguments}})
     message: dict[str, Any] = {"role": "assistant",
                                "content": "".join(texts) if texts or not calls else None}
     if calls:

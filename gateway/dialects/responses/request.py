@@ -16,7 +16,10 @@ The gateway counts, classifies, admits and routes chat completions requests, so 
   becomes a string (what every chat backend accepts for every role); ``input_image`` with an
   ``image_url`` (a URL or a data URL) becomes a chat ``image_url`` part (user messages only, as
   in chat).
-* ``tools``: function tools; ``tool_choice`` auto / none / required / one named function;
+* ``tools``: function tools; ``custom`` tools (Codex's ``apply_patch``: free-form text input)
+  as chat functions of one string parameter, ``{"input": ...}`` (``custom_parameters``), whose
+  calls the answer turns back into ``custom_tool_call`` items (``answer.custom_tool_names``);
+  ``tool_choice`` auto / none / required / one named function or custom tool;
   ``parallel_tool_calls`` (sent only with tools, as chat requires); ``max_output_tokens`` ->
   ``max_tokens``; ``temperature``, ``top_p``, ``user`` (else ``safety_identifier``);
   ``text.format`` ``json_schema`` / ``json_object`` -> ``response_format``;
@@ -34,8 +37,11 @@ named in ``x-gateway-ignored`` (passed through untouched otherwise):
   other cache, tier and hint fields (``prompt_cache_retention``, ``prompt_cache_options``,
   ``service_tier``, ``max_tool_calls``, ``top_logprobs``, ``truncation: auto``,
   ``stream_options``), ``context_management``, ``client_metadata`` (Codex) and any parameter
-  the API does not have; tools other than functions (``custom``, ``web_search``,
-  ``local_shell``, ... : ``tools[i]``) and a ``tool_choice`` naming one;
+  the API does not have; a custom tool's input ``format`` other than ``text`` (a ``grammar``:
+  chat cannot constrain the arguments to it; ``tools[i].format``: the tool is still offered);
+  hosted and built-in tools (``web_search``, ``local_shell``, ``shell``, ``apply_patch``,
+  ``mcp``, ... : ``tools[i]``) and a ``tool_choice`` naming one or choosing a subset
+  (``allowed_tools``);
 * refused when translated (a 400 naming the field): what would change what is safe
   (``moderation``) or what the model is asked (``background``, ``conversation``, ``prompt``
   templates, ``item_reference`` and hosted-tool items, file and audio parts, images by
@@ -58,7 +64,7 @@ from gateway.errors import InvalidRequest, clip
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-__all__ = ["REASONING_EFFORTS", "to_chat"]
+__all__ = ["REASONING_EFFORTS", "custom_parameters", "to_chat"]
 
 #: parameters translated, checked or honoured by the gateway (see the module docstring); any
 #: other is dropped or refused (``_leftover``)
@@ -97,6 +103,18 @@ _TRUNCATION = frozenset({"auto", "disabled"})
 _VERBOSITY = frozenset({"low", "medium", "high"})
 _METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = 16, 64, 512
 _encode = msgspec.json.encode
+
+#: what the one chat parameter of a custom tool holds
+_CUSTOM_INPUT = "The raw free-form input of the tool, as plain text (not JSON)."
+
+
+def custom_parameters() -> dict[str, Any]:
+    """The chat parameters of a custom tool: its free-form input as one string (a custom call
+    in the input is sent back as these arguments, ``_custom_call``). A new object for each
+    request, as the chat payload is the request's own."""
+    return {"type": "object",
+            "properties": {"input": {"type": "string", "description": _CUSTOM_INPUT}},
+            "required": ["input"], "additionalProperties": False}
 
 
 def _bad(message: str, param: str, code: str | None = None) -> InvalidRequest:
@@ -177,13 +195,16 @@ def to_chat(payload: Mapping[str, Any], earlier: Sequence[dict[str, Any]] | None
     tools = payload.get("tools")
     names: dict[str, bool] = {}  # tool name -> offered to chat (False: dropped)
     if tools is not None:
+        custom: set[str] = set()  # the custom tools' names
         chat_tools = [t for i, tool in enumerate(_array(tools, "tools"))
-                      if (t := _tool(tool, f"tools[{i}]", left, names)) is not None]
+                      if (t := _tool(tool, f"tools[{i}]", left, names, custom)) is not None]
         if chat_tools:
             chat["tools"] = chat_tools
     choice = payload.get("tool_choice")
     if choice is not None:
-        chosen = _tool_choice(choice, names, left)
+        # every tool dropped (a hosted tool may have no name): chat gets none to choose from
+        none_offered = bool(tools) and "tools" not in chat
+        chosen = _tool_choice(choice, names, none_offered, left)
         if chosen is not None:
             chat["tool_choice"] = chosen
     parallel = payload.get("parallel_tool_calls")
@@ -378,13 +399,13 @@ def _call_output(item: dict[str, Any], param: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "content": output}
 
 
-def _tool(tool: Any, param: str, left: Ignored, names: dict[str, bool]
+def _tool(tool: Any, param: str, left: Ignored, names: dict[str, bool], custom: set[str]
           ) -> dict[str, Any] | None:
-    """A function tool as a chat tool (None: another type, dropped); ``names`` gets its
-    name, and whether chat was offered it."""
+    """A function or custom tool as a chat tool (None: another type, dropped); ``names`` gets
+    its name, and whether chat was offered it; ``custom`` the names of custom tools."""
     tool = _object(tool, param)
     kind = tool.get("type")
-    if kind != "function":
+    if kind != "function" and kind != "custom":
         if not isinstance(kind, str):
             raise _bad(f"'{param}.type' is required and must be a string", f"{param}.type")
         name = tool.get("name")
@@ -395,10 +416,20 @@ def _tool(tool: Any, param: str, left: Ignored, names: dict[str, bool]
     name = tool.get("name")
     if not isinstance(name, str) or not name:
         raise _bad(f"'{param}.name' is required and must be a non-empty string", f"{param}.name")
+    if names.get(name) and (kind == "custom" or name in custom):
+        # the answer tells a custom tool's calls from a function's by the name alone
+        raise _bad(f"'{param}.name' {clip(name, 64)!r} names another tool of the request: a "
+                   "custom tool's name must be its own", f"{param}.name")
     function: dict[str, Any] = {"name": name}
     description = tool.get("description")
     if description is not None:
         function["description"] = _string(description, f"{param}.description")
+    if kind == "custom":
+        _custom_format(tool.get("format"), f"{param}.format", left)
+        function["parameters"] = custom_parameters()
+        names[name] = True
+        custom.add(name)
+        return {"type": "function", "function": function}
     parameters = tool.get("parameters")
     if parameters is not None:
         function["parameters"] = _object(parameters, f"{param}.parameters")
@@ -409,23 +440,41 @@ def _tool(tool: Any, param: str, left: Ignored, names: dict[str, bool]
     return {"type": "function", "function": function}
 
 
-def _tool_choice(choice: Any, names: dict[str, bool], left: Ignored
+def _custom_format(fmt: Any, param: str, left: Ignored) -> None:
+    """A custom tool's input ``format``: ``text`` (the default) is what chat's string
+    parameter takes; any other (a ``grammar``, Lark or regex) chat cannot constrain the
+    arguments to: the tool is offered without it, and the format is named."""
+    if fmt is None:
+        return
+    fmt = _object(fmt, param)
+    kind = fmt.get("type")
+    if not isinstance(kind, str):
+        raise _bad(f"'{param}.type' is required and must be a string", f"{param}.type")
+    if kind == "text":
+        return
+    if kind == "grammar":
+        _string(fmt.get("syntax"), f"{param}.syntax")
+        _string(fmt.get("definition"), f"{param}.definition")
+    left.drop(param)
+
+
+def _tool_choice(choice: Any, names: dict[str, bool], none_offered: bool, left: Ignored
                  ) -> str | dict[str, Any] | None:
-    """The chat ``tool_choice`` (None: it chose among dropped tools, so it is dropped too)."""
-    offered = any(names.values())
+    """The chat ``tool_choice`` (None: it chose among dropped tools, so it is dropped too); a
+    named function or custom tool is chat's named function."""
     if isinstance(choice, str):
         mode = _one_of(choice, _TOOL_CHOICES, "tool_choice")
-        if names and not offered:  # every tool was dropped: chat gets none to choose from
+        if none_offered:  # every tool was dropped: chat gets none to choose from
             if mode == "required":
                 left.drop("tool_choice")
             return None
         return mode
     choice = _object(choice, "tool_choice")
     kind = choice.get("type")
-    if kind != "function":
+    if kind != "function" and kind != "custom":
         if not isinstance(kind, str):
             raise _bad("'tool_choice.type' must be a string", "tool_choice.type")
-        left.drop("tool_choice")  # a custom or hosted tool, or a subset (allowed_tools)
+        left.drop("tool_choice")  # a hosted tool, or a subset (allowed_tools)
         return None
     name = _string(choice.get("name"), "tool_choice.name")
     known = names.get(name)

@@ -4,7 +4,9 @@ A request naming ``previous_response_id`` continues a stored conversation: the p
 it and passes ``conversation(...)`` to ``translate`` as ``earlier``, so the backend sees the
 whole conversation and the history split counts those turns as history. A stored response
 holds the messages its own turn added (``turn_messages``: its input, then its answer's
-assistant turn) and points at the response it continued, so the conversation is its chain's
+assistant turn, its ``function_call`` and ``custom_tool_call`` items as the chat tool calls
+they were made from, so a later ``function_call_output`` / ``custom_tool_call_output`` answers
+them) and points at the response it continued, so the conversation is its chain's
 turns, oldest first; a row stored before chains holds its whole conversation
 (``earlier_messages``) and starts it. The earlier request's ``instructions`` are not carried
 over (OpenAI documents that a new response's instructions replace them), but system and
@@ -34,7 +36,7 @@ __all__ = ["MAX_LIMIT", "conversation", "earlier_messages", "input_items", "repl
 #: the largest page ``input_items`` serves (the API's bound; 20 by default)
 MAX_LIMIT = 100
 _PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
-           "reasoning": "rs"}
+           "custom_tool_call": "ctc", "custom_tool_call_output": "ctco", "reasoning": "rs"}
 
 
 def reply_message(answer: Mapping[str, Any]) -> dict[str, Any]:

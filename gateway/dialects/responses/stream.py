@@ -14,7 +14,13 @@ implies, written as ``event: <type>\\ndata: <json>\\n\\n`` with a
   ``message`` item, ``response.output_item.added`` (status ``in_progress``),
   ``response.content_part.added``, ``response.output_text.delta`` ...;
 * each tool call (``delta.tool_calls[i]``, by ``index``): a ``function_call`` item,
-  ``response.output_item.added``, ``response.function_call_arguments.delta`` ...
+  ``response.output_item.added``, ``response.function_call_arguments.delta`` ...;
+* a call to one of the request's ``custom`` tools (``answer.custom_tool_names``, by the name its
+  first delta carries): a ``custom_tool_call`` item, ``response.output_item.added`` (``input``
+  empty), then at its end one ``response.custom_tool_call_input.delta`` with the whole input
+  and ``response.custom_tool_call_input.done``. Chat streams the arguments as JSON text
+  (``{"input": "*** Begin Patch\\n...``), whose string is known only once it is whole: the
+  fragments are kept and the input decoded once, when the call ends (``answer.custom_input``).
 
 One item is open at a time, as OpenAI streams them: the next item's first delta (or the
 chunk's ``finish_reason``) closes the open one with its ``*.done`` events, its
@@ -57,6 +63,9 @@ from gateway.dialects.base import StreamTranslator
 from gateway.dialects.responses.answer import (
     ECHOED,
     INCOMPLETE,
+    custom_input,
+    custom_tool_call_item,
+    custom_tool_names,
     function_call_item,
     item_id,
     message_item,
@@ -99,10 +108,16 @@ _ITEM_DONE = _head("response.output_item.done")
 _PART_ADDED = _head("response.content_part.added")
 _PART_DONE = _head("response.content_part.done")
 _ARGUMENTS_DONE = _head("response.function_call_arguments.done")
+_INPUT_DELTA = _head("response.custom_tool_call_input.delta")
+_INPUT_DONE = _head("response.custom_tool_call_input.done")
 _COMPLETED = _head("response.completed")
 _INCOMPLETE = _head("response.incomplete")
 _LOGPROBS = b',"logprobs":[]'
 _STATUS = {"completed": b'"completed"', "incomplete": b'"incomplete"'}
+#: the item kinds of a tool call, and each one's item id prefix
+_CALLS = frozenset({"function_call", "custom_tool_call"})
+_PREFIXES = {"message": "msg", "reasoning": "rs", "function_call": "fc",
+             "custom_tool_call": "ctc"}
 
 #: per content part kind: its delta event's head, its done event's head and text field, the
 #: empty part of ``content_part.added`` and the JSON of a whole part around its text
@@ -172,7 +187,7 @@ class _Open:
                  "part_json", "parts", "prefix", "texts", "texts_json", "where")
 
     def __init__(self, kind: str, index: int, id_: str) -> None:
-        self.kind = kind  # message, reasoning, function_call
+        self.kind = kind  # message, reasoning, function_call, custom_tool_call
         self.index = index
         self.id = id_
         self.id_json = _encode(id_)
@@ -215,6 +230,11 @@ class ResponsesStream(StreamTranslator):
         self._texts_json: list[bytes] = []
         self._texts: list[str] = []
         self._calls: dict[int | str, int] = {}  # tool call key -> output index
+        #: the request's custom tools' names, read at the first call (None: not yet)
+        self._custom: frozenset[str] | None = None
+        #: the chat arguments of each closed custom call, by output index (a backend that
+        #: went back to one: its input is decoded again for the final object)
+        self._custom_args: dict[int, str] = {}
         self._finish: str | None = None
         #: the backend's usage, when its usage chunk arrived
         self.usage: BackendUsage | None = None
@@ -376,8 +396,7 @@ class ResponsesStream(StreamTranslator):
         self._close(out, last=False)
         index = self._count
         self._count += 1
-        prefix = {"message": "msg", "reasoning": "rs", "function_call": "fc"}[kind]
-        item = self._open = _Open(kind, index, item_id(prefix, self._rid, index))
+        item = self._open = _Open(kind, index, item_id(_PREFIXES[kind], self._rid, index))
         if kind == "message":
             added = b'"output_index":%d,"item":{"id":%s,"type":"message",' \
                     b'"status":"in_progress","role":"assistant","content":[]}'
@@ -450,29 +469,49 @@ class ResponsesStream(StreamTranslator):
             key = f"id:{call.id}"
         else:
             key = item.key if item is not None and item.key is not None else 0
-        if item is None or item.kind != "function_call" or item.key != key:
+        if item is None or item.kind not in _CALLS or item.key != key:
             done = self._calls.get(key)
             if done is not None:  # a call already closed: the final object only
-                self._output[done]["arguments"] += args or ""
+                closed = self._output[done]
+                if closed["type"] == "custom_tool_call":
+                    whole = self._custom_args[done] = self._custom_args[done] + (args or "")
+                    closed["input"] = custom_input(whole)
+                else:
+                    closed["arguments"] += args or ""
                 self._output_json = None  # its JSON is out of date: encode the output whole
                 return
-            item = self._item_open("function_call", out)
+            custom = self._custom
+            if custom is None:
+                custom = self._custom = custom_tool_names(self._request)
+            kind = "custom_tool_call" if name and name in custom else "function_call"
+            item = self._item_open(kind, out)
             item.key = key
             item.call_id = call.id or f"call_{self._rid}_{item.index}"
             item.name = name or ""
             self._calls[key] = item.index
-            self._put(_ITEM_ADDED, b'"output_index":%d,"item":{"id":%s,"type":"function_call",'
-                      b'"status":"in_progress","arguments":"","call_id":%s,"name":%s}' % (
-                          item.index, item.id_json, _encode(item.call_id), _encode(item.name)),
-                      out)
-            item.prefix = (_head("response.function_call_arguments.delta")
-                           + b'"item_id":%s,"output_index":%d,"delta":' % (item.id_json,
-                                                                            item.index))
+            if kind == "custom_tool_call":
+                self._put(_ITEM_ADDED, b'"output_index":%d,"item":{"id":%s,'
+                          b'"type":"custom_tool_call","status":"in_progress","call_id":%s,'
+                          b'"input":"","name":%s}' % (item.index, item.id_json,
+                                                      _encode(item.call_id),
+                                                      _encode(item.name)), out)
+            else:
+                self._put(_ITEM_ADDED, b'"output_index":%d,"item":{"id":%s,'
+                          b'"type":"function_call","status":"in_progress","arguments":"",'
+                          b'"call_id":%s,"name":%s}' % (item.index, item.id_json,
+                                                       _encode(item.call_id),
+                                                       _encode(item.name)), out)
+                item.prefix = (_head("response.function_call_arguments.delta")
+                               + b'"item_id":%s,"output_index":%d,"delta":' % (item.id_json,
+                                                                                item.index))
         elif name:
             item.name += name
         if args:
             item.args.append(args)
-            out.append(self._delta(item.prefix, args))
+            if item.kind == "function_call":
+                out.append(self._delta(item.prefix, args))
+            # a custom call's arguments are JSON around its input: kept whole until it ends
+            # (``_close``), since a fragment may cut a string escape anywhere
 
     def _close(self, out: list[bytes], *, last: bool) -> None:
         """Close the open item (``last``: the answer ends with it, so a stop at the length
@@ -493,6 +532,21 @@ class ResponsesStream(StreamTranslator):
                         b'"call_id":%s,"name":%s}' % (item.id_json, _STATUS[status], args_json,
                                                      _encode(item.call_id),
                                                      _encode(item.name))
+        elif kind == "custom_tool_call":
+            # the input decoded from the whole arguments, in one delta (``_tool``)
+            arguments = "".join(item.args)
+            self._custom_args[item.index] = arguments
+            input_ = custom_input(arguments)
+            input_json = _encode(input_)
+            where = b'"item_id":%s,"output_index":%d' % (item.id_json, item.index)
+            if input_:
+                self._put(_INPUT_DELTA, where + b',"delta":' + input_json, out)
+            self._put(_INPUT_DONE, where + b',"input":' + input_json, out)
+            done = custom_tool_call_item(item.id, item.call_id, item.name, input_, status)
+            item_json = b'{"id":%s,"type":"custom_tool_call","status":%s,"call_id":%s,' \
+                        b'"input":%s,"name":%s}' % (item.id_json, _STATUS[status],
+                                                   _encode(item.call_id), input_json,
+                                                   _encode(item.name))
         else:
             if item.part is not None:
                 self._part_done(item, out)
