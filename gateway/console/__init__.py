@@ -7,8 +7,9 @@ small app (sign-in, pages, CSV, JSON, static files), with the handlers of ``keys
 tenant's managed keys), ``rollouts`` (the operator's rollout actions) and ``audit`` (the
 audit page) registered from it, sharing ``kit``; ``sessions`` keeps who signed in;
 ``signin_limit`` bounds failed sign-ins; ``views`` computes what the pages show from the
-ledger's usage rows, ``limits`` the limits in use from the quota store; ``live`` reads the
-router's pools; ``services`` finds the key store, quota store and rollouts; ``audit_log``
+ledger's usage rows, ``limits`` the limits in use from the quota store, ``budgets`` the
+teams' and organizations' budgets and the alerts sent; ``live`` reads the router's pools;
+``services`` finds the key store, quota store and rollouts; ``audit_log``
 writes the console's actions to the admin audit log and keeps its last entries.
 """
 

@@ -7,6 +7,11 @@ or ``abort``, the page's "roll back"): :meth:`Rollouts.act`, the call behind
 the admin audit log. An unknown model answers 404, an action that does not apply to the
 rollout's phase 409, a rollout store that does not answer 503; each with the operator's page
 link. The model is a form field, not a path segment (model names may hold slashes).
+
+Each rollout's gates are also charted (:func:`gate_chart`): per gate (and request class) its
+canary figure and its baseline's as a percentage of the gate's threshold, so gates of
+different units share one axis (the threshold is 100 %); the figures themselves go along for
+the tooltips.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from gateway.rollouts import ACTIONS, InvalidAction, RolloutStoreUnavailable, Un
 if TYPE_CHECKING:
     from gateway.rollouts import Rollouts
 
-__all__ = ["figures_text", "rollout_handlers", "rollout_rows"]
+__all__ = ["figures_text", "gate_chart", "rollout_handlers", "rollout_rows"]
 
 _log = logging.getLogger("gateway.admin")
 #: the actions each phase offers (the state machine refuses the others with a 409)
@@ -47,6 +52,72 @@ def figures_text(gate: dict[str, Any]) -> str:
                      if k not in ("name", "verdict"))
 
 
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _bar(name: str, figures: dict[str, Any]) -> tuple[float | None, float | None,
+                                                      float | None, str] | None:
+    """(canary, baseline, threshold, what the threshold is) of one gate's figures; None for
+    a gate the chart does not know."""
+    get = figures.get
+    if name == "error_rate":
+        base, margin = _number(get("baseline")), _number(get("max_increase"))
+        limit = base + margin if base is not None and margin is not None else None
+        return _number(get("canary")), base, limit, "at most the baseline's + max_increase"
+    if name in ("ttft_p90", "tpot_p90"):
+        base, ratio = _number(get("baseline_p90")), _number(get("max_ratio"))
+        limit = _number(get("threshold"))
+        if limit is None and base is not None and ratio is not None:
+            limit = base * ratio
+        return _number(get("canary_p90")), base, limit, "at most max_ratio x the baseline's (ms)"
+    if name == "output_tokens":
+        base, change = _number(get("baseline_mean")), _number(get("max_change"))
+        limit = base * (1 + change) if base is not None and change is not None else None
+        return (_number(get("canary_mean")), base, limit,
+                "at most (1 + max_change) x the baseline's mean")
+    if name == "shadow_agreement":
+        return _number(get("rate")), None, _number(get("min")), "at least min"
+    return None
+
+
+def _share(value: float | None, threshold: float | None) -> float | None:
+    if value is None or not threshold:
+        return None
+    return round(value / threshold * 100, 1)
+
+
+def gate_chart(gates: list[dict[str, Any]]) -> dict[str, Any]:
+    """A rollout's gates as bars: per gate (per request class for the per-class gates) the
+    canary's figure and the baseline's as % of the threshold (None where not measured yet),
+    with the figures for the tooltips."""
+    labels: list[str] = []
+    canary: list[float | None] = []
+    baseline: list[float | None] = []
+    threshold: list[float | None] = []
+    figures: list[dict[str, Any]] = []
+    for gate in gates:
+        name = str(gate.get("name", ""))
+        classes = gate.get("classes")
+        items = ([(f"{name} ({c})", f) for c, f in sorted(classes.items())
+                  if isinstance(f, dict)] if isinstance(classes, dict) else [(name, gate)])
+        for label, of_class in items:
+            bar = _bar(name, of_class)
+            if bar is None:
+                continue
+            can, base, limit, rule = bar
+            labels.append(label)
+            canary.append(_share(can, limit))
+            baseline.append(_share(base, limit))
+            threshold.append(100.0 if limit else None)
+            figures.append({"canary": can, "baseline": base, "threshold": limit, "rule": rule,
+                            "verdict": of_class.get("verdict", gate.get("verdict", ""))})
+    return {"labels": labels, "canary": canary, "baseline": baseline,
+            "threshold": threshold, "figures": figures}
+
+
 async def rollout_rows(rollouts: Rollouts | None) -> list[dict[str, Any]] | str:
     """Every rollout's view (the admin API's ``GET /admin/rollouts/<model>``) with its gates'
     figures as text and the actions its phase offers; or why they could not be read."""
@@ -58,6 +129,7 @@ async def rollout_rows(rollouts: Rollouts | None) -> list[dict[str, Any]] | str:
             view = await rollouts.view(model)
             view["gate_rows"] = [{"name": g.get("name", ""), "verdict": g.get("verdict", ""),
                                   "figures": figures_text(g)} for g in view.get("gates", [])]
+            view["gate_chart"] = gate_chart(view.get("gates", []))
             view["actions"] = [(a, LABELS[a]) for a in _OFFERED.get(view["phase"], ACTIONS)]
             rows.append(view)
     except RolloutStoreUnavailable as exc:

@@ -11,7 +11,9 @@
 - ``GET /console/tenants/{tenant}[?month=YYYY-MM]``: the month's usage per day and model, the
   limits; ``.../export.csv``: the month's records. A tenant's session sees its own tenant
   only (403 for any other); the operator's sees every tenant.
-- ``GET /console/operator`` and ``/console/operator/live.json``: the operator's pages.
+- ``GET /console/operator`` and ``/console/operator/live.json``: the operator's pages (every
+  tenant, team and organization with its month's spend, budgets and alerts sent; the pools
+  live).
 - The tenant's keys (:mod:`gateway.console.keys`), the operator's rollout actions
   (:mod:`gateway.console.rollouts`) and audit page (:mod:`gateway.console.audit`): handlers of
   their own modules, registered here, sharing :class:`gateway.console.kit.Kit`.
@@ -40,6 +42,7 @@ from litestar.response import Redirect, Stream
 from gateway.api.admin import ADMIN_TOKEN_ENV, is_admin_credential
 from gateway.console.audit import audit_handlers
 from gateway.console.batches import batch_section
+from gateway.console.budgets import budget_section
 from gateway.console.keys import key_handlers, key_section
 from gateway.console.kit import COOKIE, AnyRequest, Kit, client_host, static_files, templates
 from gateway.console.limits import limits_in_use
@@ -50,6 +53,7 @@ from gateway.console.signin_limit import SignInLimiter
 from gateway.console.views import (
     Month,
     MonthError,
+    group_spend,
     limit_lines,
     parse_month,
     read_rows,
@@ -252,9 +256,13 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
         runtime = current()
         await kit.catch_up()
         rows = await read_rows(ledger, None, month.lo, month.hi, ("tenant",))
+        tenants = tenant_spend(runtime.tenants, rows)
+        teams, organizations = group_spend(runtime, rows)
         return page("operator.html", session=session, month=month,
-                    currency=runtime.policy.prices.currency,
-                    tenants=tenant_spend(runtime.tenants, rows),
+                    currency=runtime.policy.prices.currency, tenants=tenants, teams=teams,
+                    organizations=organizations,
+                    budgets=await budget_section(runtime, services.quota,
+                                                 [t.tenant for t in tenants]),
                     pools=pool_stats(runtime.router, time.monotonic()),
                     rollouts=await rollout_rows(services.rollouts))
 

@@ -6,7 +6,11 @@ grouped by day and model; the chart, the per-model table and the totals are sums
 rows. The token buckets overlap by design (cached and cache write are parts of the prompt,
 reasoning is part of the output), so the chart stacks three bars a day that each sum to a
 whole: the input by role (system, history, new, tools), the same input by cache (uncached,
-cache read, cache write) and the output (visible, reasoning).
+cache read, cache write) and the output (visible, reasoning). The spend chart beside it is the
+same rows' cost, per day and to date.
+
+The operator's teams and organizations are sums of their tenants' rows of the one read grouped
+by tenant (a tenant counts where the policy places it now).
 """
 
 from __future__ import annotations
@@ -29,15 +33,18 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUCKETS",
+    "GroupSpend",
     "LimitLine",
     "Month",
     "MonthError",
     "TenantMonth",
     "TenantSpend",
     "chart_data",
+    "group_spend",
     "limit_lines",
     "parse_month",
     "read_rows",
+    "spend_chart",
     "tenant_month",
     "tenant_spend",
     "tokens_of",
@@ -135,6 +142,7 @@ class TenantMonth:
     by_model: list[dict[str, Any]]
     totals: dict[str, Any]
     chart: dict[str, Any]
+    spend: dict[str, Any]
 
 
 def _with_cost(counts: dict[str, Any], currency: str) -> dict[str, Any]:
@@ -150,7 +158,8 @@ def tenant_month(tenant: str, month: Month, rows: Sequence[UsageRow],
     by_model = [{"model": m, **_with_cost(_counts(r for r in rows if (r.model or "") == m),
                                           currency)} for m in models]
     return TenantMonth(tenant, month, currency, table, by_model,
-                       _with_cost(_counts(rows), currency), chart_data(month, rows))
+                       _with_cost(_counts(rows), currency), chart_data(month, rows),
+                       spend_chart(month, rows, currency))
 
 
 def chart_data(month: Month, rows: Iterable[UsageRow]) -> dict[str, Any]:
@@ -169,6 +178,19 @@ def chart_data(month: Month, rows: Iterable[UsageRow]) -> dict[str, Any]:
     return {"labels": [day[8:] for day in month.days], "month": month.label,
             "series": [{"label": label, "stack": stack, "data": values[key]}
                        for label, stack, key in _SERIES]}
+
+
+def spend_chart(month: Month, rows: Iterable[UsageRow], currency: str) -> dict[str, Any]:
+    """Per day of the month, the spend in micro-units of ``currency`` (models summed); the
+    page draws each day's and the month to date."""
+    index = {day: i for i, day in enumerate(month.days)}
+    micros = [0] * len(month.days)
+    for row in rows:
+        i = index.get(row.day or "")
+        if i is not None:
+            micros[i] += row.cost_micros
+    return {"labels": [day[8:] for day in month.days], "month": month.label,
+            "currency": currency, "micros": micros}
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,3 +267,44 @@ def tenant_spend(configured: Iterable[str], rows: Iterable[UsageRow]) -> list[Te
         for name in sorted(names | set(by_tenant))
         for row in (by_tenant.get(name),)
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpend:
+    """A team's or organization's month on the operator's page: its tenants' rows summed."""
+
+    name: str
+    #: a team's organization (None for an organization)
+    organization: str | None
+    #: the policy's tenants placed in it
+    tenants: tuple[str, ...]
+    requests: int
+    tokens: int
+    cost_micros: int
+    cost: str
+
+
+def group_spend(runtime: Runtime, rows: Iterable[UsageRow]
+                ) -> tuple[list[GroupSpend], list[GroupSpend]]:
+    """Every team and every organization of the policy with the sums of its tenants' rows
+    (``rows``: one read grouped by tenant), by name: (teams, organizations)."""
+    by_tenant = {r.tenant or "": r for r in rows}
+    members: dict[tuple[str, str], list[str]] = {}
+    for tenant in sorted(runtime.tenants):
+        team, organization = runtime.placement(tenant)
+        if team is not None:
+            members.setdefault(("team", team), []).append(tenant)
+        if organization is not None:
+            members.setdefault(("organization", organization), []).append(tenant)
+
+    def one(kind: str, name: str, organization: str | None) -> GroupSpend:
+        tenants = tuple(members.get((kind, name), ()))
+        mine = [by_tenant[t] for t in tenants if t in by_tenant]
+        cost = sum(r.cost_micros for r in mine)
+        return GroupSpend(name, organization, tenants, sum(r.requests for r in mine),
+                          sum(tokens_of(r) for r in mine), cost, format_micros(cost))
+
+    teams = [one("team", t.name, t.organization)
+             for t in sorted(runtime.teams.values(), key=lambda t: t.name)]
+    organizations = [one("organization", name, None) for name in sorted(runtime.organizations)]
+    return teams, organizations

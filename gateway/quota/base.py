@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_LEASE_TTL",
     "WINDOW",
+    "Alerted",
     "Decision",
     "Origin",
     "QuotaRequest",
@@ -191,6 +192,15 @@ class Usage:
     tokens_this_month: int = 0  # tracked when tokens_per_month is set
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alerted:
+    """The thresholds (percent) of one scope's day and month budgets that have alerted in the
+    current day and month of its calendar: the marks the store keeps to alert once."""
+
+    day: tuple[int, ...] = ()
+    month: tuple[int, ...] = ()
+
+
 class QuotaStore(ABC):
     """Admission against tenant limits: check-and-reserve, renew, settle.
 
@@ -240,6 +250,12 @@ class QuotaStore(ABC):
     async def usage(self, tenant: str, scope: str, partition: Partition | None = None) -> Usage:
         """What ``scope`` of ``tenant`` uses now, for admin views and tests; a scope of an
         organization is named with its ``partition`` (then ``tenant`` is not part of the key)."""
+
+    async def alerted(self, tenant: str, scope: str,
+                      partition: Partition | None = None) -> Alerted:
+        """The budget thresholds of ``scope`` that alerted this day and month, for admin views
+        (read only; named as in :meth:`usage`). A store that keeps no marks answers none."""
+        return Alerted()
 
     async def ping(self) -> None:  # noqa: B027 - optional hook, a no-op in memory
         """Raise ``QuotaUnavailable`` unless the store answers (readiness, outage probes)."""

@@ -31,7 +31,7 @@ from gateway.quota.memory import MemoryQuotaStore
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from gateway.quota.base import Decision, Reservation, Usage
+    from gateway.quota.base import Alerted, Decision, Reservation, Usage
     from gateway.quota.limits import Partition
     from gateway.quota.redis import RedisQuotaStore
 
@@ -170,6 +170,11 @@ class FailoverQuotaStore(QuotaStore):
         if self._degraded and self._mode == "open":
             return await self._local.usage(tenant, scope, partition)
         return await self._primary.usage(tenant, scope, partition)
+
+    async def alerted(self, tenant: str, scope: str,
+                      partition: Partition | None = None) -> Alerted:
+        """The shared store's marks: the local counters alert nobody."""
+        return await self._primary.alerted(tenant, scope, partition)
 
     async def ping(self) -> None:
         await self._primary.ping()

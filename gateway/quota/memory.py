@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from gateway.quota.alerts import BudgetAlert, due, emit, make_alert
 from gateway.quota.base import (
     WINDOW,
+    Alerted,
     Decision,
     QuotaStore,
     RateLimitState,
@@ -217,6 +218,17 @@ class MemoryQuotaStore(QuotaStore):
             tokens_today=state.days.get(day, 0),
             tokens_this_month=state.months.get(month, 0),
         )
+
+    async def alerted(self, tenant: str, scope: str,
+                      partition: Partition | None = None) -> Alerted:
+        state = self._scopes.get((_owner(tenant, partition), scope))
+        if state is None or not state.alerted:
+            return Alerted()
+        day, month = period_ids(self._clock(), "UTC" if partition is None else partition.timezone)
+        return Alerted(
+            day=tuple(sorted(t for kind, p, t in state.alerted if kind == "day" and p == day)),
+            month=tuple(sorted(t for kind, p, t in state.alerted
+                               if kind == "month" and p == month)))
 
     # -- the steps ------------------------------------------------------------------------
 

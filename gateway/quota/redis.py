@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from gateway.quota.alerts import BudgetAlert, emit, make_alert
 from gateway.quota.base import (
     WINDOW,
+    Alerted,
     Decision,
     QuotaStore,
     RateLimitState,
@@ -42,7 +43,7 @@ from gateway.quota.errors import (
     QuotaTimeout,
 )
 from gateway.quota.keys import record_key, record_prefix, scope_key
-from gateway.quota.limits import LIMIT_NAMES, calendar_candidates, day_period
+from gateway.quota.limits import LIMIT_NAMES, calendar_candidates, day_period, period_ids
 from gateway.quota.memory import RECORD_TTL
 from gateway.quota.scripts import RENEW, RESERVE, SETTLE, USAGE
 from gateway.redis.client import Timeouts, open_redis
@@ -423,6 +424,27 @@ class RedisQuotaStore(QuotaStore):
             tokens_today=today,
             tokens_this_month=month,
         )
+
+    async def alerted(self, tenant: str, scope: str,
+                      partition: Partition | None = None) -> Alerted:
+        """The fields of the day's and the month's ``:a`` hashes (``keys.py``), in one round
+        trip; the periods of this process's clock (the scripts use the server's)."""
+        if not self._backoff.allow():
+            raise QuotaBackingOff("Redis failed moments ago; backing off before the next try")
+        base = scope_key(tenant, scope, partition)
+        day, month = period_ids(time.time(), "UTC" if partition is None else partition.timezone)
+        try:
+            async with asyncio.timeout(self._deadline):
+                replies = await self._client.execute_many(
+                    [("HKEYS", f"{base}:d:{day}:a"), ("HKEYS", f"{base}:m:{month}:a")])
+        except FAILURES as exc:
+            raise await self._translated(exc) from exc
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise map_redis_error(reply) from reply
+        self._backoff.success()
+        return Alerted(day=tuple(sorted(int(t) for t in replies[0])),
+                       month=tuple(sorted(int(t) for t in replies[1])))
 
     async def ping(self) -> None:
         """Check Redis answers, ignoring the back-off; a success ends it."""

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gateway.config import Backend, Health
 
-__all__ = ["EWMA_ALPHA", "RETRY_AFTER_CAP", "BackendState"]
+__all__ = ["EWMA_ALPHA", "RETRY_AFTER_CAP", "TTFT_SAMPLES", "BackendState"]
 
 EWMA_ALPHA = 0.2  # weight of the newest observation in the latency averages
+#: the newest TTFTs a backend keeps, for the console's percentiles (computed when asked)
+TTFT_SAMPLES = 256
 #: default longest Retry-After wait, in seconds (the policy's ``routing.retry.retry_after_max``)
 RETRY_AFTER_CAP = 60.0
 
@@ -51,6 +54,7 @@ class BackendState:
         "signals_warned",
         "tpot_ewma",
         "ttft_ewma",
+        "ttft_recent",
         "urls",
     )
 
@@ -65,6 +69,8 @@ class BackendState:
         #: sum is smaller has the older ones, nearer their first chunk
         self.prefill_since = 0.0
         self.ttft_ewma = 0.0  # seconds; 0 = no observation yet
+        #: the last TTFT_SAMPLES TTFTs (seconds), oldest first; an append per observation
+        self.ttft_recent: deque[float] = deque(maxlen=TTFT_SAMPLES)
         self.tpot_ewma = 0.0
         self.engine_waiting = 0.0  # from scraped engine metrics
         self.engine_running = 0.0
@@ -182,6 +188,7 @@ class BackendState:
             self.ttft_ewma = ttft if not self.ttft_ewma else (
                 EWMA_ALPHA * ttft + (1 - EWMA_ALPHA) * self.ttft_ewma
             )
+            self.ttft_recent.append(ttft)
         if tpot is not None:
             self.tpot_ewma = tpot if not self.tpot_ewma else (
                 EWMA_ALPHA * tpot + (1 - EWMA_ALPHA) * self.tpot_ewma

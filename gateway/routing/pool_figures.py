@@ -125,6 +125,10 @@ class PoolFigures:
             healthy = self.backends
         return sum(b.config.max_in_flight for b in healthy)
 
+    def ttft_recent(self) -> tuple[float, ...]:
+        """The pool's newest TTFTs (seconds, up to 256, oldest first), read only."""
+        return tuple(self._ttfts)
+
     def ttft_p90(self) -> float | None:
         if not self._ttfts:
             return None

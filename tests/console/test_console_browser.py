@@ -1,9 +1,11 @@
 """The console in a real browser: Debian's chromium, headless, driven by Selenium through
-chromedriver (nothing downloaded). A tenant signs in, the stacked chart is drawn (a canvas
-Chart.js rendered into), the page holds its own rows only, no Content-Security-Policy
-violation reaches the console log; then the operator's pools table refreshes by itself. A
-tenant creates a key on its page, uses it with the openai client, revokes it and is refused;
-an operator rolls a canary back from the page and the next requests go to the stable version.
+chromedriver (nothing downloaded). A tenant signs in, the stacked chart and the spend chart
+are drawn (canvases Chart.js rendered into), the page holds its own rows only, no
+Content-Security-Policy violation reaches the console log; then the operator's pools table
+refreshes by itself and its chart of each pool's TTFT p50 gains points while streamed
+requests run. A tenant creates a key on its page, uses it with the openai client, revokes it
+and is refused; an operator sees a canary's gates charted against their thresholds, rolls it
+back from the page, and the next requests go to the stable version.
 
 Screenshots go to ``$CONSOLE_SCREENSHOT_DIR`` (default: the test's tmp dir). Skipped when
 chromium or chromedriver is missing (``make system-deps`` installs both), except under CI."""
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +79,58 @@ def _sign_in(driver: Any, url: str, form: str, secret: str) -> None:
     driver.find_element(By.CSS_SELECTOR, f"#{form} button[type=submit]").click()
 
 
+def _painted(driver: Any, canvas: Any) -> bool:
+    """Chart.js drew pixels: the canvas is not blank."""
+    return bool(driver.execute_script(
+        "var c = arguments[0]; var d = c.getContext('2d').getImageData(0, 0, c.width, c.height)"
+        ".data; for (var i = 3; i < d.length; i += 4) { if (d[i] !== 0) return true; }"
+        " return false;", canvas))
+
+
+def _full_page_screenshot(driver: Any, path: Path) -> None:
+    """The whole page, as tall as it is (the window grown to it, then put back)."""
+    width, height = driver.get_window_size()["width"], driver.get_window_size()["height"]
+    full = int(driver.execute_script("return document.documentElement.scrollHeight;"))
+    driver.set_window_size(width, max(height, full + 120))
+    time.sleep(0.3)  # the charts resize to the window
+    driver.save_screenshot(str(path))
+    driver.set_window_size(width, height)
+
+
+class _Streams:
+    """Streamed chat completions, one after another in a thread, until the block ends (a
+    streamed answer's first chunk is what a backend's TTFT is measured on)."""
+
+    def __init__(self, url: str, key: str) -> None:
+        self.url, self.key = url, key
+        self.statuses: Counter[int] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Streams:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        import httpx
+
+        with httpx.Client(timeout=30) as client:
+            while not self._stop.is_set():
+                with client.stream("POST", self.url + "/v1/chat/completions",
+                                   headers={"Authorization": f"Bearer {self.key}"},
+                                   json={"model": "chat-model", "stream": True, "max_tokens": 8,
+                                         "messages": [{"role": "user", "content": "hi"}]},
+                                   ) as answer:
+                    for _ in answer.iter_bytes():
+                        pass
+                    self.statuses[answer.status_code] += 1
+                self._stop.wait(0.2)  # well inside the plan's 600 requests a minute
+
+
 def _csp_violations(driver: Any) -> list[str]:
     return [entry["message"] for entry in driver.get_log("browser")
             if "Content Security Policy" in entry["message"] or "Refused to" in entry["message"]]
@@ -91,12 +147,11 @@ def test_a_tenant_sees_its_chart_and_only_its_rows(console: GatewayProcess, brow
         lambda d: d.find_element(By.CSS_SELECTOR, "#usage-chart[data-rendered]"))
     assert canvas.get_attribute("data-rendered") == "9"  # every series drawn
     assert canvas.size["height"] > 100 and canvas.size["width"] > 300
-    # Chart.js drew pixels: the canvas is not blank
-    painted = browser.execute_script(
-        "var c = arguments[0]; var d = c.getContext('2d').getImageData(0, 0, c.width, c.height)"
-        ".data; for (var i = 3; i < d.length; i += 4) { if (d[i] !== 0) return true; }"
-        " return false;", canvas)
-    assert painted
+    assert _painted(browser, canvas)
+    spend = browser.find_element(By.CSS_SELECTOR, "#spend-chart[data-rendered]")
+    assert spend.get_attribute("data-rendered") == "2"  # per day and to date
+    assert spend.size["height"] > 100 and spend.size["width"] > 150
+    assert _painted(browser, spend)
     assert browser.find_element(By.ID, "tenant").text == "acme"
     body = browser.find_element(By.TAG_NAME, "body").text
     assert "globex" not in body and "initech" not in body
@@ -118,6 +173,8 @@ def test_a_tenant_sees_its_chart_and_only_its_rows(console: GatewayProcess, brow
 
 def test_the_operators_pools_refresh_without_a_reload(console: GatewayProcess, browser: Any,
                                                       tmp_path: Path) -> None:
+    """The pools table refreshes in place; while streamed requests run, the TTFT chart gains
+    points (one per pool and poll) and the backend's row shows its TTFT p50 and p99."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -129,7 +186,22 @@ def test_the_operators_pools_refresh_without_a_reload(console: GatewayProcess, b
     WebDriverWait(browser, 20).until(lambda d: table.get_attribute("data-refreshed") != first)
     assert browser.execute_script("return window.__same_page === true;")  # no reload
     assert "chat-0" in table.text
-    browser.save_screenshot(str(_shots(tmp_path) / "console-operator.png"))
+    assert browser.find_element(By.ID, "teams").find_element(
+        By.CSS_SELECTOR, 'tr[data-team="labs"]').text.startswith("labs corp globex")
+    assert browser.find_elements(By.CSS_SELECTOR, '#organizations tr[data-organization="corp"]')
+    chart = browser.find_element(By.CSS_SELECTOR, "#ttft-chart[data-rendered]")
+    before = int(chart.get_attribute("data-points"))
+    with _Streams(console.url, GLOBEX_KEY) as load:
+        WebDriverWait(browser, 40).until(
+            lambda d: int(chart.get_attribute("data-points")) >= before + 3)
+    assert set(load.statuses) == {200} and load.statuses[200] >= 3
+    assert chart.get_attribute("data-rendered") == "1"  # pool chat
+    assert _painted(browser, chart)
+    backend = next(r for r in table.find_elements(By.CSS_SELECTOR, "tbody tr")
+                   if "chat-0" in r.text)
+    cells = backend.find_elements(By.TAG_NAME, "td")
+    assert float(cells[5].text) > 0 and float(cells[6].text) >= float(cells[5].text)
+    _full_page_screenshot(browser, _shots(tmp_path) / "console-operator.png")
     assert _csp_violations(browser) == []
 
 
@@ -213,6 +285,11 @@ def test_an_operator_rolls_a_canary_back(canary: GatewayProcess, browser: Any,
     row = '#rollout-list tr[data-model="chat-model"]'
     assert browser.find_element(By.CSS_SELECTOR, f"{row} td.phase").text == "progressing"
     assert browser.find_element(By.CSS_SELECTOR, f"{row} td.share").text == "50.0%"
+    gates = WebDriverWait(browser, 20).until(lambda d: d.find_element(
+        By.CSS_SELECTOR, '#rollout-list tr[data-chart-of="chat-model"] canvas[data-rendered]'))
+    assert int(gates.get_attribute("data-rendered")) >= 1  # a bar group per gate and class
+    assert _painted(browser, gates)
+    browser.execute_script("document.getElementById('rollouts').scrollIntoView();")
     browser.save_screenshot(str(_shots(tmp_path) / "console-rollouts.png"))
     browser.find_element(By.CSS_SELECTOR, f'{row} button[data-action="abort"]').click()
     WebDriverWait(browser, 20).until(

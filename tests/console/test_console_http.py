@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
+from gateway.accounting.prices import format_micros
 from gateway.console.edge import CSP
 from tests.console.conftest import (
     ACME_KEY,
@@ -237,6 +238,12 @@ def test_the_page_shows_the_usage_apis_numbers(console: GatewayProcess,
         assert series["system"][i] == row["system"]
         assert series["cached"][i] == row["cached"]
         assert series["output"][i] + series["reasoning"][i] == row["output"]
+    spend = re.search(r'<script type="application/json" id="spend-data">(.*?)</script>', page,
+                      re.S)
+    assert spend is not None
+    micros = json.loads(spend.group(1))["micros"]
+    for i, day in enumerate(MONTH.days):
+        assert format_micros(micros[i]) == by_day.get(day, {"cost": "0.000000"})["cost"], day
     table = re.search(r'<table id="by-model">.*?<tbody>(.*?)</tbody>', page, re.S)
     assert table is not None
     shown = [re.findall(r"<td>(.*?)</td>", tr) for tr in re.findall(r"<tr>(.*?)</tr>",
@@ -278,7 +285,42 @@ def test_the_operator_sees_every_tenant_and_live_pools(client: httpx.Client) -> 
     assert live.status_code == 200
     pools = live.json()["pools"]
     assert pools[0]["pool"] == "chat" and pools[0]["backends"][0]["backend"] == "chat-0"
+    assert "ttft_p50_ms" in pools[0]
+    backend = pools[0]["backends"][0]
+    assert {"ttft_p50_ms", "ttft_p99_ms", "engine"} <= set(backend)
+    assert backend["engine"] is None  # the pool scrapes no engine metrics
     assert client.get("/console/tenants/globex").status_code == 200  # any tenant's page
+
+
+def _cells(page: str, table: str, attribute: str, name: str) -> list[str]:
+    """The cells of the first row of ``table`` whose ``attribute`` is ``name``."""
+    body = re.search(rf'<table id="{table}"[^>]*>(.*?)</table>', page, re.S)
+    assert body is not None
+    row = re.search(rf'<tr {attribute}="{re.escape(name)}"[^>]*>(.*?)</tr>', body.group(1),
+                    re.S)
+    assert row is not None, body.group(1)
+    return [re.sub(r"<[^>]+>", "", c).strip()
+            for c in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)]
+
+
+def test_the_operator_sees_teams_and_organizations(console: GatewayProcess,
+                                                   client: httpx.Client) -> None:
+    """Team labs (globex) and organization corp: globex's month as /v1/usage answers it,
+    their budgets from the policy with what is used, the thresholds that alert."""
+    sign_in(client, ADMIN, "operator")
+    page = client.get("/console/operator").text
+    rows = _usage(console, GLOBEX_KEY, "model")
+    requests = sum(r["requests"] for r in rows)
+    tokens = sum(r["prompt_total"] + r["output"] for r in rows)
+    spend = _usage(console, GLOBEX_KEY, "")
+    team = _cells(page, "teams", "data-team", "labs")
+    assert team[:6] == ["labs", "corp", "globex", str(requests), str(tokens), spend[0]["cost"]]
+    assert team[6:] == ["tokens_per_month", "9000000", "0", "0%", "50%, 90%", "none"]
+    org = _cells(page, "organizations", "data-organization", "corp")
+    assert org[:5] == ["corp", "globex", str(requests), str(tokens), spend[0]["cost"]]
+    assert org[5:] == ["cost_per_month", "500.000000", "0.000000", "0%", "50%, 90%", "none"]
+    assert _cells(page, "tenants", "data-tenant", "acme")[-1] == "none"
+    assert _cells(page, "tenants", "data-tenant", "initech")[-1] == ""  # not in the policy
 
 
 def test_live_json_needs_a_session(client: httpx.Client) -> None:

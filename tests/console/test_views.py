@@ -1,7 +1,8 @@
 """The console's figures against the usage API's: a tenant's month read by day and model from
 a real SQLite ledger gives the same numbers as ``usage_rows`` (what ``GET /v1/usage`` answers)
-and as the records themselves; the chart's stacks each sum to a whole; the operator's tenants
-are the policy's and the ledger's."""
+and as the records themselves; the chart's stacks each sum to a whole, the spend chart's days
+to the month's cost; the operator's tenants are the policy's and the ledger's, its teams and
+organizations the sums of their tenants' rows."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from gateway.config import parse_policy
 from gateway.console.views import (
     MonthError,
     chart_data,
+    group_spend,
     limit_lines,
     parse_month,
     read_rows,
+    spend_chart,
     tenant_month,
     tenant_spend,
 )
@@ -150,3 +153,59 @@ def test_limit_lines_show_plan_team_and_key_limits() -> None:
         ("organization org", "tokens_per_month", "99", None),
         ("this API key", "rpm", "3", None),
     ]
+
+
+async def test_spend_chart_days_sum_to_the_month(ledger: SqliteLedger) -> None:
+    """Each day's spend is that day's rows' cost; the days sum to the month's one-row read."""
+    rows = await read_rows(ledger, "acme", MONTH.lo, MONTH.hi, ("day", "model"))
+    spend = spend_chart(MONTH, rows, "EUR")
+    assert (spend["currency"], len(spend["micros"])) == ("EUR", len(MONTH.days))
+    for i, day in enumerate(MONTH.days):
+        assert spend["micros"][i] == sum(r.cost_micros for r in rows if r.day == day)
+    (total,) = await read_rows(ledger, "acme", MONTH.lo, MONTH.hi, ())
+    assert sum(spend["micros"]) == total.cost_micros > 0
+    assert tenant_month("acme", MONTH, rows, "EUR").spend == spend
+
+
+def _grouped_runtime() -> Runtime:
+    """acme in organization corp without a team, globex and initech in team labs of corp,
+    quiet in team idle of corp; organization solo and team empty hold no tenant."""
+    return Runtime(parse_policy({
+        "plans": [{"name": "std"}],
+        "organizations": [{"name": "corp", "limits": {"cost_per_month": "500"}},
+                          {"name": "solo"}],
+        "teams": [{"name": "labs", "organization": "corp"},
+                  {"name": "idle", "organization": "corp"},
+                  {"name": "empty", "organization": "solo"}],
+        "tenants": [{"name": "acme", "plan": "std", "organization": "corp"},
+                    {"name": "globex", "plan": "std", "team": "labs"},
+                    {"name": "initech", "plan": "std", "team": "labs"},
+                    {"name": "quiet", "plan": "std", "team": "idle"}],
+    }))
+
+
+async def test_teams_and_organizations_sum_their_tenants_usage_rows(
+        ledger: SqliteLedger) -> None:
+    """A team's (an organization's) requests, tokens and spend are the sums of its tenants'
+    month as ``usage_rows`` answers it for each tenant (``GET /v1/usage``), and so of their
+    records; from the one read grouped by tenant."""
+    rows = await read_rows(ledger, None, MONTH.lo, MONTH.hi, ("tenant",))
+    teams, organizations = group_spend(_grouped_runtime(), rows)
+    assert [(t.name, t.organization, t.tenants) for t in teams] == [
+        ("empty", "solo", ()), ("idle", "corp", ("quiet",)),
+        ("labs", "corp", ("globex", "initech"))]
+    assert [(o.name, o.tenants) for o in organizations] == [
+        ("corp", ("acme", "globex", "initech", "quiet")), ("solo", ())]
+    per_tenant = {}
+    for tenant in ("acme", "globex", "initech", "quiet"):
+        found = await read_rows(ledger, tenant, MONTH.lo, MONTH.hi, ())
+        per_tenant[tenant] = found[0] if found else UsageRow()
+    for group in (*teams, *organizations):
+        mine = [per_tenant[t] for t in group.tenants]
+        assert group.requests == sum(r.requests for r in mine)
+        assert group.tokens == sum(r.prompt_total + r.output for r in mine)
+        assert group.cost_micros == sum(r.cost_micros for r in mine)
+        assert group.requests == sum(1 for r in RECORDS if r.tenant in group.tenants)
+    labs = next(t for t in teams if t.name == "labs")
+    assert labs.requests > 0 and labs.cost == f"{labs.cost_micros / 1e6:.6f}"
+    assert next(o for o in organizations if o.name == "solo").requests == 0
