@@ -45,11 +45,13 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from gateway.console import views
 from loadtest.bench import usage_query_bench
 from loadtest.bench.overhead import nginx, payloads, wrk
 from loadtest.bench.overhead.procs import (
@@ -319,6 +321,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+async def _agree(url: str) -> dict[str, int]:
+    """The month per tenant from the tenant rollups (what the operator's page reads) against
+    the same sums per tenant and model (the group rollups), summed here: equal, or the run
+    stops. Returns the month's requests per source."""
+    from gateway.ledger.sql.postgres import PostgresLedger
+
+    spool = Path(tempfile.mkdtemp(prefix="console-bench-check-"))
+    ledger = PostgresLedger(url, spool_dir=spool)
+    lo, hi = usage_query_bench._ms(usage_query_bench.MONTH), usage_query_bench._ms(
+        date(2026, 12, 1))
+    try:
+        by_tenant: dict[str, int] = {}
+        for row in await views.read_rows(ledger, None, lo, hi, ("tenant",)):
+            by_tenant[row.tenant or ""] = row.requests
+        summed: dict[str, int] = {}
+        for row in await views.read_rows(ledger, None, lo, hi, ("tenant", "model")):
+            summed[row.tenant or ""] = summed.get(row.tenant or "", 0) + row.requests
+    finally:
+        await ledger.close()
+        shutil.rmtree(spool, ignore_errors=True)
+    if by_tenant != summed:
+        raise RuntimeError("the tenant rollups disagree with the group rollups")
+    return {"tenant_rollups": sum(by_tenant.values()), "group_rollups": sum(summed.values())}
+
+
 def _load(url: str, args: argparse.Namespace) -> dict[str, float]:
     data = argparse.Namespace(records=args.records, tenants=args.tenants, keys=20, models=5,
                               versions=3, open_last_day=True)
@@ -341,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         out["load"] = _load(pg.url, args)
         print(f"[console] {args.records:,} records loaded in {time.perf_counter() - t0:.0f} s",
               file=sys.stderr, flush=True)
+        out["requests_in_month"] = asyncio.run(_agree(pg.url))
+        print(f"[console] rollups agree: {out['requests_in_month']}", file=sys.stderr,
+              flush=True)
         backend = nginx.PortPair(*free_ports(2))
         nginx.start(procs, tools["nginx"], workdir, "backend",
                     nginx.backend_config(workdir, backend, args.backend_cpu), backend,

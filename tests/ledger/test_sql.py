@@ -19,7 +19,7 @@ import pytest
 
 from gateway.ledger import UsageRecord, day_of
 from gateway.ledger.sql import MIGRATIONS, SCHEMA_VERSION, SchemaMismatch
-from gateway.ledger.sql.compact import GRACE_MS, THROUGH
+from gateway.ledger.sql.compact import GRACE_MS, HOUR_GRACE_MS, HOUR_MS, THROUGH
 from gateway.ledger.sql.migrations import Migration
 from gateway.ledger.sql.postgres import PostgresLedger
 from gateway.ledger.sql.schema import RECORD_COLUMNS, ROLLUP_COUNTERS, ROLLUP_KEYS
@@ -313,41 +313,42 @@ async def test_closed_days_are_compacted_into_the_daily_rollups(
     await assert_reads_match(ledger, tenant, records + late, ((), ("day", "model"), FINEST))
 
 
-async def _tenant_daily_rows(ledger: SqlLedger, tenant: str) -> int:
+async def _tenant_rows(ledger: SqlLedger, table: str, tenant: str) -> int:
     p = "$1" if ledger.dialect == "postgresql" else "?"
-    ((n,),) = await ledger._fetch(
-        f"SELECT count(*) FROM usage_daily_tenants WHERE tenant = {p}", [tenant])
+    ((n,),) = await ledger._fetch(f"SELECT count(*) FROM {table} WHERE tenant = {p}", [tenant])
     return int(n)
 
 
 def test_reads_by_tenant_alone_take_the_tenant_rollups() -> None:
     """A read of whole days grouped by tenant, team, organization, day or month only takes
-    its compacted days from ``usage_daily_tenants``; any other dimension, or hours, does
-    not."""
+    the tenant rollups (days, then hours); any other dimension, or hours, does not."""
     day = 20_000 * DAY_MS
     for group_by in ((), ("tenant",), ("day", "organization"), ("month", "team", "tenant")):
         sql = UsageQuery.build("postgresql", None, day, day + DAY_MS, group_by).sql
-        assert "usage_daily_tenants" in sql, group_by
+        assert "usage_daily_tenants" in sql and "usage_hourly_tenants" in sql, group_by
     for group_by in (("model",), ("tenant", "key"), ("day", "class")):
         sql = UsageQuery.build("postgresql", None, day, day + DAY_MS, group_by).sql
-        assert "usage_daily_tenants" not in sql and "usage_daily" in sql, group_by
+        assert "_tenants" not in sql and "usage_daily" in sql, group_by
     assert "usage_daily" not in UsageQuery.build("postgresql", None, day, day + DAY_MS - 1,
                                                  ("tenant",)).sql
 
 
-async def test_reads_across_tenants_equal_the_records_before_and_after_compaction(
+async def test_reads_across_tenants_equal_the_records_through_every_compaction(
         make_sql: Callable[..., Any]) -> None:
     """The operator's read (every tenant, grouped by tenant, team or organization) equals the
-    records' sums while the day is open (hourly rollups), once it is compacted (the tenant
-    rollups, written by the compaction), and after a late record for the compacted day (added
-    to them by the write path); SQLite's trigger keeps them current throughout."""
+    records' sums while the day is open (hourly rollups), once its first hour's tenant rollups
+    are made (``usage_hourly_tenants``), after a late record for that hour (added there by the
+    write path), once the day is compacted (``usage_daily_tenants``; its tenant hours
+    dropped), and after a late record for the compacted day; SQLite's trigger keeps its
+    tenant rollups current throughout."""
     run = uuid.uuid4().hex[:8]
     tenants = [f"t-{run}-{i}" for i in range(3)]
     orgs = {t: f"o-{run}-{i % 2}" for i, t in enumerate(tenants)}
     teams = {t: f"team-{run}-{i}" for i, t in enumerate(tenants)}
     ledger = await make_sql()
     postgres = ledger.dialect == "postgresql"
-    today = time.time_ns() // 1_000_000 // DAY_MS * DAY_MS
+    # tomorrow: hours no maintenance run has closed (the ledger's own runs at its start)
+    day = time.time_ns() // 1_000_000 // DAY_MS * DAY_MS + DAY_MS
     rng = random.Random(12)
 
     def make(i: int, ts: int) -> UsageRecord:
@@ -357,27 +358,42 @@ async def test_reads_across_tenants_equal_the_records_before_and_after_compactio
                       output=rng.randint(0, 90), cost_micros=rng.randint(0, 10_000),
                       outcome="failed" if i % 5 == 0 else "completed")
 
-    records = [make(i, today + i * 997) for i in range(60)]
+    # the day's first hour (closed below, so its tenant rollups are made) and its second
+    records = [make(i, day + i * 997) for i in range(40)]
+    records += [make(i, day + HOUR_MS + i * 991) for i in range(20)]
 
     async def check(written: list[UsageRecord]) -> None:
         for group_by in (("tenant",), ("day", "organization"), ("team",), ()):
             got = [row_dict(r, group_by)
-                   for r in await all_rows(ledger, None, today, today + DAY_MS, group_by)]
-            assert got == expected_rows(written, group_by, today, today + DAY_MS, None), \
-                group_by
+                   for r in await all_rows(ledger, None, day, day + DAY_MS, group_by)]
+            assert got == expected_rows(written, group_by, day, day + DAY_MS, None), group_by
 
-    for r in records:
-        ledger.write_nowait(r)
-    await ledger.flush()
-    assert (await _tenant_daily_rows(ledger, tenants[0]) == 0) is postgres
+    async def write(batch: list[UsageRecord]) -> None:
+        for r in batch:
+            ledger.write_nowait(r)
+        await ledger.flush()
+
+    await write(records)
+    assert (await _tenant_rows(ledger, "usage_daily_tenants", tenants[0]) == 0) is postgres
     await check(records)
-    assert await ledger.compact(today + DAY_MS + GRACE_MS) == (1 if postgres else 0)
-    assert await _tenant_daily_rows(ledger, tenants[0]) == 1
+    if postgres:  # up to the first hour's end: its tenant rollups, not the second hour's
+        assert await ledger.compact_tenant_hours(day + HOUR_MS + HOUR_GRACE_MS) >= 1
+        assert await ledger.compact_tenant_hours(day + HOUR_MS + HOUR_GRACE_MS) == 0
+        hours = await ledger._fetch("SELECT DISTINCT hour_ms FROM usage_hourly_tenants "
+                                    "WHERE hour_ms >= $1", [day])
+        assert hours == [(day,)]
     await check(records)
-    late = [make(i, today + 5_000 + i) for i in range(4)]
-    for r in late:
-        ledger.write_nowait(r)
-    await ledger.flush()
+    late = [make(i, day + 5_000 + i) for i in range(4)]  # into the compacted hour
+    await write(late)
+    records += late
+    await check(records)
+    assert await ledger.compact(day + DAY_MS + GRACE_MS) == (2 if postgres else 0)
+    assert await _tenant_rows(ledger, "usage_daily_tenants", tenants[0]) == 1
+    for tenant in tenants:  # the compacted day's tenant hours are read no more: dropped
+        assert await _tenant_rows(ledger, "usage_hourly_tenants", tenant) == 0
+    await check(records)
+    late = [make(i, day + 7_000 + i) for i in range(4)]  # into the compacted day
+    await write(late)
     await check(records + late)
 
 

@@ -27,8 +27,20 @@ daily sums exactly once. The compaction replaces a day's rows (``DO UPDATE SET c
 excluded.c``) rather than adding to them, so running it twice, or over daily rows an earlier
 gateway version maintained, leaves the sums of the hourly rows.
 
-SQLite keeps both rollups by trigger in the writer's transaction (one writer, nothing to
-gain); its boundary is ``ALWAYS_CURRENT_MS`` and nothing is compacted.
+The tenant rollups answer reads grouped by nothing finer than tenant, team and organization
+(about one row a tenant per day or hour). ``usage_daily_tenants`` is written by the day's
+compaction from the rows it writes; for the days not compacted yet, ``compact_tenant_hours``
+sums each hour's rows per tenant into ``usage_hourly_tenants`` once the hour has closed (plus
+``HOUR_GRACE_MS``), up to ``tenants_through_ms``, the state row's second boundary, under the
+same lock; a day's compaction drops its tenant hours. So a read across every tenant takes the
+compacted days from ``usage_daily_tenants``, the hours from the daily boundary to the tenant
+boundary from ``usage_hourly_tenants``, and only the last hour or two from ``usage_hourly``.
+A late record is added by its flush to ``usage_daily_tenants`` (its day compacted) or to
+``usage_hourly_tenants`` (its hour compacted, its day not), ordered against the compactions by
+the state row's lock as above.
+
+SQLite keeps its rollups by trigger in the writer's transaction (one writer, nothing to
+gain); its boundaries are ``ALWAYS_CURRENT_MS`` and nothing is compacted.
 """
 
 from __future__ import annotations
@@ -40,7 +52,22 @@ from gateway.ledger.sql.schema import (
     quoted,
 )
 
-__all__ = ["COMPACT_DAY", "GRACE_MS", "LOCK_STATE", "MOVE_BOUNDARY", "THROUGH", "THROUGH_SHARED"]
+__all__ = [
+    "COMPACT_DAY",
+    "COMPACT_TENANT_HOURS",
+    "DROP_TENANT_HOURS",
+    "GRACE_MS",
+    "HOUR_GRACE_MS",
+    "HOUR_MS",
+    "LOCK_STATE",
+    "LOCK_TENANT_STATE",
+    "MOVE_BOUNDARY",
+    "MOVE_TENANT_BOUNDARY",
+    "TENANTS_THROUGH",
+    "TENANTS_THROUGH_SHARED",
+    "THROUGH",
+    "THROUGH_SHARED",
+]
 
 #: how long after midnight a day is left open for the records of requests still running
 GRACE_MS = 15 * 60_000
@@ -53,6 +80,21 @@ THROUGH_SHARED = "(SELECT daily_through_ms FROM usage_rollup_state WHERE id = 1 
 #: the compaction's first statement: the boundary, locked against flushes and other replicas
 LOCK_STATE = "SELECT daily_through_ms FROM usage_rollup_state WHERE id = 1 FOR UPDATE"
 MOVE_BOUNDARY = "UPDATE usage_rollup_state SET daily_through_ms = $1::bigint WHERE id = 1"
+
+#: how long after its end an hour is left open before its tenant rollups are made (records of
+#: requests still running; one landing later is added by its flush)
+HOUR_GRACE_MS = 5 * 60_000
+HOUR_MS = 3_600_000
+#: the tenant rollups' boundary: hours before it (and from the daily boundary on) are in
+#: ``usage_hourly_tenants``, the reads' scalar subquery
+TENANTS_THROUGH = "(SELECT tenants_through_ms FROM usage_rollup_state WHERE id = 1)"
+#: the same for the write path, share-locked until the flush commits
+TENANTS_THROUGH_SHARED = ("(SELECT tenants_through_ms FROM usage_rollup_state WHERE id = 1 "
+                          "FOR SHARE)")
+LOCK_TENANT_STATE = ("SELECT daily_through_ms, tenants_through_ms FROM usage_rollup_state "
+                     "WHERE id = 1 FOR UPDATE")
+MOVE_TENANT_BOUNDARY = ("UPDATE usage_rollup_state SET tenants_through_ms = $1::bigint "
+                        "WHERE id = 1")
 
 
 def _compact_day() -> str:
@@ -80,4 +122,23 @@ ON CONFLICT (day_ms, {tenant_keys}) DO UPDATE SET {replace}
 """
 
 
+def _compact_tenant_hours() -> str:
+    """``[$1, $2)``: whole closed hours, their hourly rows summed per tenant, team and
+    organization into ``usage_hourly_tenants`` (replacing what is there)."""
+    tenant_keys = ", ".join(TENANT_ROLLUP_KEYS)
+    sums = ", ".join(f'sum("{c}")' for c in ROLLUP_COUNTERS)
+    replace = ", ".join(f'"{c}" = excluded."{c}"' for c in ROLLUP_COUNTERS)
+    return f"""
+INSERT INTO usage_hourly_tenants (hour_ms, {tenant_keys}, {quoted(ROLLUP_COUNTERS)})
+SELECT hour_ms, {tenant_keys}, {sums}
+FROM usage_hourly WHERE hour_ms >= $1::bigint AND hour_ms < $2::bigint
+GROUP BY hour_ms, {tenant_keys} ORDER BY hour_ms, {tenant_keys}
+ON CONFLICT (hour_ms, {tenant_keys}) DO UPDATE SET {replace}
+"""
+
+
 COMPACT_DAY = _compact_day()
+COMPACT_TENANT_HOURS = _compact_tenant_hours()
+#: the compacted day's tenant hours: read no more (the day is in ``usage_daily_tenants``)
+DROP_TENANT_HOURS = (f"DELETE FROM usage_hourly_tenants WHERE hour_ms >= $1::bigint "
+                     f"AND hour_ms < $1::bigint + {DAY_MS}")

@@ -55,11 +55,14 @@ migrated it: upgrade this one).
 11. ``usage_records.continuation_cost``: the continuations' prompt priced at the uncached
    input price, micro-units (the operator's cost; in ``cost_micros`` too when the policy bills
    it); 0 for the records written before it.
-12. ``usage_daily_tenants``: the daily rollups by tenant, team and organization alone (about
-   one row a tenant a day), back-filled from ``usage_daily`` and kept beside it (PostgreSQL:
-   by the compaction and the write path's late records, ``compact.py``; SQLite: a trigger), so
-   a read across every tenant (the console's operator page, ``/v1/usage`` without a tenant)
-   sums a few thousand rows a month instead of every group's.
+12. The rollups by tenant, team and organization alone, so a read across every tenant (the
+   console's operator page, ``/v1/usage`` without a tenant) sums a few thousand rows a month
+   instead of every group's: ``usage_daily_tenants`` (about one row a tenant a day,
+   back-filled from ``usage_daily``, kept beside it: PostgreSQL by the daily compaction and the
+   write path's late records, SQLite by a trigger) and, for PostgreSQL's days not compacted yet,
+   ``usage_hourly_tenants``, made from the hourly rollups once an hour has closed, up to
+   ``usage_rollup_state.tenants_through_ms`` (``compact.py``; set to ``daily_through_ms`` here,
+   so SQLite's is past any time and its table stays empty).
 """
 
 from __future__ import annotations
@@ -307,8 +310,9 @@ END;
 _TENANT_KEYS = ("tenant", "team", "organization")
 
 
-def _tenant_daily(text: str, bigint: str) -> str:
-    """The table of 12 and its back-fill from ``usage_daily`` (the same closed days)."""
+def _tenant_rollups(text: str, bigint: str) -> str:
+    """The tables of 12, ``usage_daily_tenants`` back-filled from ``usage_daily`` (the same
+    closed days), and the state's second boundary."""
     keys = " ".join(f"{k} {text} NOT NULL DEFAULT ''," for k in _TENANT_KEYS)
     counters = ", ".join(f'"{c}" {bigint} NOT NULL DEFAULT 0' for c in _COUNTERS)
     names = ", ".join(_TENANT_KEYS)
@@ -319,6 +323,11 @@ CREATE TABLE usage_daily_tenants (
     PRIMARY KEY (day_ms, {names}));
 INSERT INTO usage_daily_tenants (day_ms, {names}, {", ".join(f'"{c}"' for c in _COUNTERS)})
 SELECT day_ms, {names}, {sums} FROM usage_daily GROUP BY day_ms, {names};
+CREATE TABLE usage_hourly_tenants (
+    hour_ms {bigint} NOT NULL, {keys} {counters},
+    PRIMARY KEY (hour_ms, {names}));
+ALTER TABLE usage_rollup_state ADD COLUMN tenants_through_ms {bigint} NOT NULL DEFAULT 0;
+UPDATE usage_rollup_state SET tenants_through_ms = daily_through_ms;
 """
 
 
@@ -375,8 +384,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               "DEFAULT 0;\n",
               "ALTER TABLE usage_records ADD COLUMN continuation_cost INTEGER NOT NULL "
               "DEFAULT 0;\n"),
-    Migration(12, "daily rollups by tenant", _tenant_daily("text", "bigint"),
-              _tenant_daily("TEXT", "INTEGER") + _tenant_daily_trigger()),
+    Migration(12, "rollups by tenant", _tenant_rollups("text", "bigint"),
+              _tenant_rollups("TEXT", "INTEGER") + _tenant_daily_trigger()),
 )
 
 #: the schema version this gateway reads and writes

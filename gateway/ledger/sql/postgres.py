@@ -30,10 +30,17 @@ from gateway.ledger.errors import LedgerUnavailable
 from gateway.ledger.record import UsageRecord
 from gateway.ledger.sql.compact import (
     COMPACT_DAY,
+    COMPACT_TENANT_HOURS,
     DAY_MS,
+    DROP_TENANT_HOURS,
     GRACE_MS,
+    HOUR_GRACE_MS,
+    HOUR_MS,
     LOCK_STATE,
+    LOCK_TENANT_STATE,
     MOVE_BOUNDARY,
+    MOVE_TENANT_BOUNDARY,
+    TENANTS_THROUGH_SHARED,
     THROUGH_SHARED,
 )
 from gateway.ledger.sql.migrations import MIGRATIONS
@@ -66,6 +73,7 @@ _SUMMED = ROLLUP_COUNTERS[3:]  # requests, failed and estimated are counts, the 
 
 _GROUP_KEY = ("tenant, {time}, key_id, model, request_class, version, batch_id, team, "
               "organization")
+_TENANT_KEY = "{time}, " + ", ".join(TENANT_ROLLUP_KEYS)
 
 
 def _rollup_upsert(table: str, grain_ms: int, time_column: str, where: str = "", *,
@@ -97,7 +105,8 @@ def _insert_statement() -> str:
     arrays, 6.5-7 with one, the same PostgreSQL CPU. The new records go into the hourly
     rollups; the daily ones are made from those once a day closes (``compact.py``), so only
     new records of a day already compacted are added to ``usage_daily`` (and
-    ``usage_daily_tenants``) here (a replayed
+    ``usage_daily_tenants``) here, and those of an hour whose tenant rollups are made to
+    ``usage_hourly_tenants`` (a replayed
     spool, a late batch: the boundary share-locked, which orders this flush against a
     compaction). Records are inserted in key
     order and rollup groups updated in key order, so concurrent flushes (two in flight per
@@ -114,8 +123,11 @@ WITH new AS (
                              f"WHERE ts_ms < {THROUGH_SHARED}")}
 ), daily_tenants AS ({_rollup_upsert("usage_daily_tenants", 86_400_000, "day_ms",
                                      f"WHERE ts_ms < {THROUGH_SHARED}",
-                                     keys=TENANT_ROLLUP_KEYS,
-                                     conflict="{time}, " + ", ".join(TENANT_ROLLUP_KEYS))}
+                                     keys=TENANT_ROLLUP_KEYS, conflict=_TENANT_KEY)}
+), hourly_tenants AS ({_rollup_upsert("usage_hourly_tenants", 3_600_000, "hour_ms",
+                                      f"WHERE ts_ms < {TENANTS_THROUGH_SHARED} "
+                                      f"AND ts_ms >= {THROUGH_SHARED}",
+                                      keys=TENANT_ROLLUP_KEYS, conflict=_TENANT_KEY)}
 )
 SELECT count(*) FROM new
 """
@@ -325,7 +337,8 @@ class PostgresLedger(SqlLedger):
         """Sum every closed day's hourly rollups into ``usage_daily`` (``compact.py``), one
         transaction a day, the state row locked; the days compacted. A day closes
         ``GRACE_MS`` after its midnight; replicas running this at once wait for each other
-        and compact each day once."""
+        and compact each day once. Then the closed hours' tenant rollups
+        (:meth:`compact_tenant_hours`)."""
         pool = await self._get_pool()
         done = 0
         while True:
@@ -334,14 +347,43 @@ class PostgresLedger(SqlLedger):
                         conn.transaction():
                     through = int(await conn.fetchval(LOCK_STATE))
                     if through + DAY_MS + GRACE_MS > now_ms:
-                        return done
+                        break
                     await conn.execute(COMPACT_DAY, through)
+                    await conn.execute(DROP_TENANT_HOURS, through)
                     await conn.execute(MOVE_BOUNDARY, through + DAY_MS)
             except Exception as exc:
                 if is_outage(exc):
                     raise LedgerUnavailable(f"postgresql: {exc}") from exc
                 raise
             done += 1
+        await self.compact_tenant_hours(now_ms)
+        return done
+
+    async def compact_tenant_hours(self, now_ms: int) -> int:
+        """Sum the hours closed by ``now_ms`` (from the daily boundary on) per tenant into
+        ``usage_hourly_tenants`` (``compact.py``), a day of hours a transaction at most, the
+        state row locked; the hours made."""
+        pool = await self._get_pool()
+        upto = (now_ms - HOUR_GRACE_MS) // HOUR_MS * HOUR_MS
+        done = 0
+        while True:
+            try:
+                async with pool.acquire(timeout=self._connect_timeout) as conn, \
+                        conn.transaction():
+                    daily, tenants = await conn.fetchrow(LOCK_TENANT_STATE)
+                    start = max(int(daily), int(tenants))
+                    end = min(upto, start + DAY_MS)
+                    if end <= start:
+                        if start != tenants:  # the daily boundary went past it
+                            await conn.execute(MOVE_TENANT_BOUNDARY, start)
+                        return done
+                    await conn.execute(COMPACT_TENANT_HOURS, start, end)
+                    await conn.execute(MOVE_TENANT_BOUNDARY, end)
+            except Exception as exc:
+                if is_outage(exc):
+                    raise LedgerUnavailable(f"postgresql: {exc}") from exc
+                raise
+            done += (end - start) // HOUR_MS
 
     async def _probe(self) -> None:
         await self._run("fetchval", "SELECT 1")

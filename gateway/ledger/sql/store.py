@@ -64,6 +64,8 @@ _DAY_MS = 86_400_000
 _SPOOL_RESERVE = 0.25
 #: how often retention runs (and the next days' partitions are made)
 _MAINTAIN_EVERY = 3600.0
+#: how often the rollups are compacted (closed days, closed hours' tenant rollups)
+_COMPACT_EVERY = 300.0
 
 
 class SqlLedger(Ledger):
@@ -372,24 +374,30 @@ class SqlLedger(Ledger):
         return 0
 
     async def _run_maintenance(self) -> None:
+        """Retention and the sweeps every ``_MAINTAIN_EVERY``; the rollups' compaction every
+        ``_COMPACT_EVERY`` (the tenant hours close hourly: a read across tenants sums the
+        hourly rollups only of the hours not compacted yet)."""
+        last_retention = -_MAINTAIN_EVERY
         while True:
-            try:
-                if self.database_up:
-                    await self.expire()
-            except Exception:
-                log.exception("ledger: retention failed")
+            if time.monotonic() - last_retention >= _MAINTAIN_EVERY:
+                last_retention = time.monotonic()
+                try:
+                    if self.database_up:
+                        await self.expire()
+                except Exception:
+                    log.exception("ledger: retention failed")
+                for sweep in self.sweeps:
+                    try:
+                        if self.database_up:
+                            await sweep()
+                    except Exception:
+                        log.exception("ledger: retention sweep %r failed", sweep)
             try:
                 if self.database_up:
                     await self.compact(int(time.time() * 1000))
             except Exception:
-                log.exception("ledger: daily rollups failed")
-            for sweep in self.sweeps:
-                try:
-                    if self.database_up:
-                        await sweep()
-                except Exception:
-                    log.exception("ledger: retention sweep %r failed", sweep)
-            await asyncio.sleep(_MAINTAIN_EVERY)
+                log.exception("ledger: rollup compaction failed")
+            await asyncio.sleep(_COMPACT_EVERY)
 
     # -- reading ------------------------------------------------------------------------------
 

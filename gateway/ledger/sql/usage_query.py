@@ -19,8 +19,10 @@ first, then the time), so a tenant's month is one index range of each table what
 number of records behind it. The admin's all-tenant read drops the tenant condition (and
 scans the rollups of every tenant). A read of whole days grouped by nothing but ``tenant``,
 ``team``, ``organization``, ``day`` or ``month`` (the console's operator page, a total) takes
-its compacted days from ``usage_daily_tenants`` instead: about one row a tenant a day, so a
-month across 200 tenants is some 6,000 rows whatever the number of groups behind them.
+the tenant rollups instead (``usage_daily_tenants``, then ``usage_hourly_tenants`` for the
+hours not compacted into days, then ``usage_hourly`` for the last hour or two): about one row
+a tenant a day or hour, so a month across 200 tenants is some 6,000 rows (and a day's hours)
+whatever the number of groups behind them.
 
 Dimensions: ``hour`` (``hour_ms``), ``day`` (``hour_ms - hour_ms % 86400000``: UTC days),
 ``month`` (a ``CASE`` over the month starts inside the range, computed here, so both dialects
@@ -47,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway.ledger.aggregate import UsageRow
-from gateway.ledger.sql.compact import THROUGH
+from gateway.ledger.sql.compact import TENANTS_THROUGH, THROUGH
 from gateway.ledger.sql.params import Params, ordered
 from gateway.ledger.sql.schema import ROLLUP_COUNTERS, ROLLUP_KEYS, TENANT_ROLLUP_KEYS
 from gateway.ledger.window import DAY_MS, MAX_RANGE_DAYS, iso_day, iso_hour, iso_month
@@ -180,22 +182,33 @@ def decode_cursor(text: str, group_by: Sequence[str]) -> tuple[int | str, ...]:
 def _days_and_hours(p: Params, tenant: str | None, lo_ms: int, hi_ms: int,
                     by_tenant: bool = False) -> str:
     """The rollup rows of a read of whole days, as one source with a time column ``t``: the
-    days before the compaction boundary from ``usage_daily`` (``usage_daily_tenants`` when
-    ``by_tenant``: the read groups by no text dimension but tenant, team and organization),
-    the hours from it on from ``usage_hourly`` (``compact.py``). Each side carries the tenant
-    and the range, so each is a range of its table's primary key; the boundary is read in the
-    statement's snapshot."""
+    days before the compaction boundary from ``usage_daily``, the hours from it on from
+    ``usage_hourly`` (``compact.py``). With ``by_tenant`` (the read groups by no text
+    dimension but tenant, team and organization) the tenant rollups instead: the days from
+    ``usage_daily_tenants``, then the hours up to the tenant boundary from
+    ``usage_hourly_tenants``, the rest from ``usage_hourly``. Each side carries the tenant and
+    the range; the boundaries are read in the statement's snapshot."""
     keys = TENANT_ROLLUP_KEYS if by_tenant else ROLLUP_KEYS
     columns = ", ".join([*keys, *(f'"{c}"' for c in ROLLUP_COUNTERS)])
-    daily = "usage_daily_tenants" if by_tenant else "usage_daily"
+    parts: list[tuple[str, str, list[str]]]
+    if by_tenant:  # the tenant hours up to their boundary, the last ones from usage_hourly
+        latest = "GREATEST" if p.dialect == "postgresql" else "max"
+        parts = [("usage_daily_tenants", "day_ms", [f"day_ms < {THROUGH}"]),
+                 ("usage_hourly_tenants", "hour_ms",
+                  [f"hour_ms >= {THROUGH}", f"hour_ms < {TENANTS_THROUGH}"]),
+                 ("usage_hourly", "hour_ms",
+                  [f"hour_ms >= {latest}({THROUGH}, {TENANTS_THROUGH})"])]
+    else:
+        parts = [("usage_daily", "day_ms", [f"day_ms < {THROUGH}"]),
+                 ("usage_hourly", "hour_ms", [f"hour_ms >= {THROUGH}"])]
     sides = []
-    for table, column, op in ((daily, "day_ms", "<"), ("usage_hourly", "hour_ms", ">=")):
+    for table, column, bounds in parts:
         where = [f"tenant = {p.add(tenant, 'text')}"] if tenant is not None else []
         where += [f"{column} >= {p.add(lo_ms, 'bigint')}",
-                  f"{column} < {p.add(hi_ms, 'bigint')}", f"{column} {op} {THROUGH}"]
+                  f"{column} < {p.add(hi_ms, 'bigint')}", *bounds]
         sides.append(f"SELECT {column} AS t, {columns} FROM {table} "
                      f"WHERE {' AND '.join(where)}")
-    return f"({sides[0]} UNION ALL {sides[1]}) AS u"
+    return f"({' UNION ALL '.join(sides)}) AS u"
 
 
 def _month_starts(lo: int, hi: int) -> list[int]:
