@@ -8,8 +8,9 @@ redis-server, the ledger in its own PostgreSQL, the console enabled.
 tenants in 10 teams of 3 organizations, made and rolled up as ``usage_query_bench`` makes them
 (``INSERT ... SELECT`` into the day partitions, the hourly rollups by migration 2's back-fill,
 the daily ones by the gateway's own compaction), except that the month's last day is left
-open (in the hourly rollups only, as today is in a month still running: the worst case of a
-current month's page, at the end of its day). The policy names every tenant, team and
+open, as today is in a month still running, compacted as the gateway's maintenance leaves it
+at 23:59:59 (its hours' tenant rollups up to 23:00; the last hour in the hourly rollups only):
+a current month's page at the end of its day. The policy names every tenant, team and
 organization with budgets, and a key for each tenant.
 
 **The pages** (``--pages`` requests each, one after the other, as a browser does; client-side

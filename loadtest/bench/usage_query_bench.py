@@ -134,12 +134,12 @@ async def load(url: str, args: argparse.Namespace) -> dict[str, float]:
         t0 = time.perf_counter()
         ledger = PostgresLedger(url, spool_dir=spool)
         # ``open_last_day``: the month's last day is not compacted, as today is not in a
-        # month still running; the maintenance ran at 23:04:59 of it, so its hours' tenant
-        # rollups are made up to 22:00 (a compaction every 5 minutes, an hour closed 5
-        # minutes after its end: the most hours a read across tenants ever sums from the
-        # hourly rollups, two)
+        # month still running; the maintenance ran at 23:59:59 of it, so its hours' tenant
+        # rollups are made up to 23:00 (a compaction every minute, an hour closed a minute
+        # after its end): a read across tenants sums a whole hour from the hourly rollups,
+        # the most it ever does but for the minute or two after an hour ends
         open_last = bool(getattr(args, "open_last_day", False))
-        now = _ms(days[-1]) + ((23 * 60 + 5) * 60_000 - 1 if open_last else _DAY_MS + GRACE_MS)
+        now = _ms(days[-1]) + (_DAY_MS - 1 if open_last else _DAY_MS + GRACE_MS)
         try:
             compacted = await ledger.compact(now)
         finally:

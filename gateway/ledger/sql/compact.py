@@ -83,7 +83,7 @@ MOVE_BOUNDARY = "UPDATE usage_rollup_state SET daily_through_ms = $1::bigint WHE
 
 #: how long after its end an hour is left open before its tenant rollups are made (records of
 #: requests still running; one landing later is added by its flush)
-HOUR_GRACE_MS = 5 * 60_000
+HOUR_GRACE_MS = 60_000
 HOUR_MS = 3_600_000
 #: the tenant rollups' boundary: hours before it (and from the daily boundary on) are in
 #: ``usage_hourly_tenants``, the reads' scalar subquery

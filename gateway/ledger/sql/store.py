@@ -65,7 +65,7 @@ _SPOOL_RESERVE = 0.25
 #: how often retention runs (and the next days' partitions are made)
 _MAINTAIN_EVERY = 3600.0
 #: how often the rollups are compacted (closed days, closed hours' tenant rollups)
-_COMPACT_EVERY = 300.0
+_COMPACT_EVERY = 60.0
 
 
 class SqlLedger(Ledger):
