@@ -280,8 +280,17 @@ class StreamScanner:
     @property
     def partial_sent(self) -> bool:
         """Whether the client was handed part of an event whose end never came (the stream
-        broke inside one): only when forwarding as received (not stripping)."""
-        return not self._strip and (bool(self._tail) or self._skipping)
+        broke inside one): when forwarding as received (not stripping), or inside an event
+        passed on unscanned (past ``max_event_bytes``)."""
+        return self._skipping or (not self._strip and bool(self._tail))
+
+    def drop_partial(self) -> None:
+        """Forget the start of an event held when the stream broke, which the client never
+        got (``partial_sent`` false): a stream continued on another backend goes on from the
+        events it did get, and the continuation's first event must not be read as the rest
+        of this one."""
+        self._tail = b""
+        self._skipping = False
 
     def delivered_text(self) -> str:
         """Everything generated that was sent: content of all choices, reasoning, tool calls."""

@@ -103,6 +103,16 @@ class Upstream:
         return self.api == "chat" if self.frontend is None else not self.native
 
     @property
+    def continues_as(self) -> str | None:
+        """What a continuation on another backend splices for this request's stream:
+        ``"chat"`` (a chat stream, or one translated to chat), ``"messages"`` (a Messages
+        stream passed through: continued with Anthropic's prefill), or None (a Responses
+        stream passed through: that API has no way to continue a text, so never)."""
+        if self.streams_chat:
+            return "chat"
+        return "messages" if self.native and self.api == "messages" else None
+
+    @property
     def headers(self) -> RawHeaders:
         """The response headers the plan adds: ``x-gateway-ignored`` naming the dropped
         fields of a translated request."""

@@ -52,3 +52,12 @@ class TranslatingScanner:
 
     def error_event(self, error: GatewayError) -> bytes:
         return self._translator.fail(error)
+
+    @property
+    def partial_sent(self) -> bool:
+        """Never: the translator sends whole events only (made from whole chat events)."""
+        return False
+
+    def drop_partial(self) -> None:
+        """Forget the start of a chat event held at a break (the client got nothing of it)."""
+        self._scanner.drop_partial()

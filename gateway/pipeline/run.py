@@ -432,14 +432,18 @@ def _continuer(forwarded: Forwarded, scanner: Scanner | None, plan: Upstream, mo
                **args: Any) -> Continuer | None:
     """The stream's continuation on another backend, when its model's ``continuation`` (else
     its pool's) is on and the backend streams chat completions (a chat stream, or one
-    translated to chat)."""
+    translated to chat) or Anthropic's Messages (passed through); never for a Responses
+    stream passed through (``Upstream.continues_as``). It reads the stream's own scanner
+    (``plan.scanner``: the one the relay feeds, without a shadow's tap around it)."""
     settings = model.continuation or forwarded.pool.config.continuation
+    api = plan.continues_as
     if (not settings.enabled or scanner is None or forwarded.first_chunk is None
-            or not plan.streams_chat):
+            or api is None):
         return None
     rewriter = plan.rewriter
     fresh = rewriter.fresh if rewriter is not None else lambda: AnswerRewriter(None)
-    return Continuer(settings, forwarded, scanner=scanner, rewriter=fresh, **args)
+    return Continuer(settings, forwarded, scanner=plan.scanner or scanner, rewriter=fresh,
+                     api=api, **args)
 
 
 def _route(x: Exchange) -> tuple[Route, str]:

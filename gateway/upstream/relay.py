@@ -6,6 +6,14 @@ stream that breaks later ends with an SSE error event and a clean close, unless 
 (the pipeline's stream continuation, ``continuation.py``) gives the rest of the answer from
 another backend: its bytes then go on into the same stream, through the same scanner.
 
+A stream that may be continued (``resume`` given) breaks too where its engine sends an error
+event of its own (``data: {"error": ...}``; a passed-through Messages stream's ``event:
+error``): the backend's bytes are looked at before the scanner reads them, what precedes the
+event goes out, the event and the rest of the read do not (:class:`_ErrorEvents`). An event
+split across reads is found too: a read whose incomplete last line could begin one (a few
+bytes: ``d``, ``data: {"err``) is passed on without that line, which joins the next read. A
+read that ends with a line break and holds no ``error`` costs one search and one end check.
+
 The request's total deadline (``timeouts.total``, from the attempt that answered) bounds the
 relay too: a client that stops reading would otherwise hold the stream, the backend connection
 and the backend's ``max_in_flight`` slot for as long as it keeps the socket open. One timer on
@@ -286,11 +294,18 @@ async def _relay_stream(
     chunks = 0
     try:
         failed: UpstreamStreamError | None = None  # the engine's error event in the first chunk
+        # a stream that may be continued is watched for the engine's own error event, in the
+        # backend's bytes before the scanner reads them (``_ErrorEvents``)
+        watch = _ErrorEvents() if resume is not None else None
         if forwarded.first_chunk is not None:
             ctx.first_token_ns = time.perf_counter_ns()
-            first = scanner.feed(forwarded.first_chunk) if scanner else forwarded.first_chunk
-            if resume is not None and (cut := _error_event_at(first)) >= 0:
-                first, failed = first[:cut], UpstreamStreamError("the backend sent an error event")
+            first = forwarded.first_chunk
+            if watch is not None:
+                first, broke = watch.take(first)
+                if broke:
+                    failed = UpstreamStreamError(_ERROR_EVENT_SENT)
+            if scanner is not None and first:
+                first = scanner.feed(first)
             if first:
                 await send({"type": "http.response.body", "body": first, "more_body": True})
             chunks = 1
@@ -307,14 +322,17 @@ async def _relay_stream(
                     if ctx.first_token_ns is None:
                         ctx.first_token_ns = time.perf_counter_ns()
                     chunks += 1
-                    out = scanner.feed(chunk) if scanner is not None else chunk
-                    if resume is not None and (cut := _error_event_at(out)) >= 0:
-                        # the engine failed mid-stream: what came before its error event
-                        # goes out, the rest is continued elsewhere (or ends as a break)
-                        if cut:
-                            await send({"type": "http.response.body", "body": out[:cut],
-                                        "more_body": True})
-                        raise UpstreamStreamError("the backend sent an error event")
+                    if watch is not None:
+                        chunk, broke = watch.take(chunk)
+                        if broke:
+                            # the engine failed mid-stream: what came before its error event
+                            # goes out, the rest is continued elsewhere (or ends as a break)
+                            out = scanner.feed(chunk) if scanner is not None and chunk else chunk
+                            if out:
+                                await send({"type": "http.response.body", "body": out,
+                                            "more_body": True})
+                            raise UpstreamStreamError(_ERROR_EVENT_SENT)
+                    out = scanner.feed(chunk) if scanner is not None and chunk else chunk
                     if closing is not None and (held or (at := out.find(_DONE)) >= 0):
                         if held:
                             held += out
@@ -326,8 +344,18 @@ async def _relay_stream(
                     if progress is not None and (chunks == 1 or not chunks % PROGRESS_EVERY):
                         progress(chunks)
                 source = None
+                if watch is not None and (rest := watch.rest()):  # a last line held back
+                    out = scanner.feed(rest) if scanner is not None else rest
+                    if out:
+                        if held:
+                            held += out
+                        else:
+                            await send({"type": "http.response.body", "body": out,
+                                        "more_body": True})
             except UpstreamError as exc:
                 # broken after the first byte: the rest from another backend, or the error
+                if watch is not None:
+                    watch.rest()  # the failed backend's held bytes: never sent, dropped
                 source = await resume(exc) if resume is not None and not held else None
                 if source is None:
                     raise
@@ -365,18 +393,76 @@ async def _relay_stream(
     ctx.finished_ns = time.perf_counter_ns()
 
 
-#: where an event that is a backend's error object starts (``data: {"error"``)
-_ERROR_EVENT = re.compile(rb'(?:^|\n)data: ?\{\s*"error"\s*:')
+#: the message of the break an engine's error event makes
+_ERROR_EVENT_SENT = "the backend sent an error event"
+#: where an event that is a backend's error starts: a chat engine's error object
+#: (``data: {"error": ...}``, vLLM, SGLang) or a named ``error`` event (Anthropic's Messages
+#: API, ``event: error``), at the start of a line
+_ERROR_EVENT = re.compile(rb'(?:^|\n)(?:data: ?\{[ \t]*"error"[ \t]*:|event: ?error[ \t]*\r?\n)')
+#: the longest last line held back as the possible start of an error event
+_HOLD_MAX = 48
 
 
-def _error_event_at(out: bytes) -> int:
-    """Where in ``out`` (whole events, or the chunk as received) an error event of the backend
-    starts, or -1. Looked for only on streams that can be continued; an error event split
-    across chunks is not seen and reaches the client as the backend sent it."""
-    if out.find(b'"error"') < 0:
+def _error_event_at(data: bytes) -> int:
+    """Where in ``data`` (the backend's bytes) an error event of the backend starts, or -1."""
+    if data.find(b"error") < 0:  # the common chunk: one search, no regex
         return -1
-    found = _ERROR_EVENT.search(out)
+    found = _ERROR_EVENT.search(data)
     if found is None:
         return -1
     start = found.start()
-    return start + 1 if out[start:start + 1] == b"\n" else start
+    return start + 1 if data[start:start + 1] == b"\n" else start
+
+
+def _may_open_error(line: bytes) -> bool:
+    """Whether ``line``, the incomplete last line of a read, could be the start of an error
+    event whose rest is in the next read (``_ERROR_EVENT``, cut short anywhere)."""
+    if not line:
+        return False
+    if line.startswith(b"event:"):
+        name = line[6:].removeprefix(b" ")
+        return b"error".startswith(name) or name.rstrip(b" \t\r") == b"error"
+    if not line.startswith(b"data:"):
+        return b"data:".startswith(line) or b"event:".startswith(line)
+    rest = line[5:].removeprefix(b" ")
+    if not rest:
+        return True
+    if rest[:1] != b"{":
+        return False
+    rest = rest[1:].lstrip(b" \t")
+    if len(rest) <= 7:
+        return b'"error"'.startswith(rest)
+    return rest.startswith(b'"error"') and rest[7:].lstrip(b" \t") in (b"", b":")
+
+
+class _ErrorEvents:
+    """Finds a backend's error event in a stream's reads (``take``), also one split across
+    two (or more) reads: a read whose incomplete last line could begin one (``data: {"err``,
+    ``event: err``, ``d``) is passed on without that line, which waits for the next read
+    (at most ``_HOLD_MAX`` bytes; a longer line cannot begin one). The common read ends with
+    a line break, or holds no ``error``: one search and one end check, nothing copied."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def take(self, data: bytes) -> tuple[bytes, bool]:
+        """(the bytes to pass on now, whether an error event starts right after them: the
+        rest of the read, and of the stream, is the engine's failure)."""
+        if self._held:
+            data, self._held = self._held + data, b""
+        if data.find(b"error") >= 0 and (cut := _error_event_at(data)) >= 0:
+            return data[:cut], True
+        if data.endswith(b"\n"):  # the common read: no line to hold
+            return data, False
+        start = data.rfind(b"\n") + 1
+        if len(data) - start <= _HOLD_MAX and _may_open_error(data[start:]):
+            self._held = data[start:]
+            return data[:start], False
+        return data, False
+
+    def rest(self) -> bytes:
+        """The line held back at the stream's end (then it is no error event's start)."""
+        held, self._held = self._held, b""
+        return held
