@@ -60,8 +60,11 @@ lint: $(STAMP)
 CONSOLE_SCREENSHOT_DIR ?= $(CURDIR)/.artifacts/screenshots
 export CONSOLE_SCREENSHOT_DIR
 
+# pytest in parallel workers (pytest-xdist): a module's tests stay on one worker, so its
+# servers start once (PYTEST_WORKERS=0 runs them in this process, one after the other)
+PYTEST_WORKERS ?= 2
 pytest: $(STAMP) system-deps llama-server
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
 
 test: lint pytest
 
