@@ -3,9 +3,11 @@ check of a POST and the client's address, bound to one console app (:class:`Kit`
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
+import time
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -44,6 +46,25 @@ def static_files() -> dict[str, tuple[bytes, str]]:
     return files
 
 
+#: the longest a page's rendering holds the event loop before it lets other work run
+SLICE_SECONDS = 0.0005
+
+
+async def render_sliced(template: jinja2.Template, context: dict[str, Any]) -> str:
+    """``template`` rendered with ``context``, yielding the event loop every
+    ``SLICE_SECONDS`` of rendering: the console shares the worker's loop with the proxy,
+    and a page of hundreds of rows rendered at once would stall every stream in flight for
+    milliseconds (``loadtest/bench/console_bench.py`` measures the proxy's p99 beside it)."""
+    parts: list[str] = []
+    deadline = time.perf_counter() + SLICE_SECONDS
+    for n, part in enumerate(template.generate(**context)):
+        parts.append(part)
+        if not n % 16 and time.perf_counter() >= deadline:
+            await asyncio.sleep(0)
+            deadline = time.perf_counter() + SLICE_SECONDS
+    return "".join(parts)
+
+
 def templates(static: dict[str, tuple[bytes, str]]) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("gateway.console", "templates"),
@@ -68,6 +89,13 @@ class Kit:
     def page(self, name: str, status: int = 200, **context: Any) -> Response[str]:
         html = self.env.get_template(name).render(**context)
         return Response(html, status_code=status, media_type="text/html; charset=utf-8")
+
+    async def big_page(self, name: str, **context: Any) -> Response[str]:
+        """:meth:`page` for the pages of many rows (the tenant's month, the operator's), made
+        in slices (:func:`render_sliced`) so the proxy's requests on this worker's event loop
+        never wait long behind a page."""
+        html = await render_sliced(self.env.get_template(name), context)
+        return Response(html, media_type="text/html; charset=utf-8")
 
     def refuse(self, status: int, message: str, session: Session | None = None,
                headers: dict[str, str] | None = None) -> Response[str]:

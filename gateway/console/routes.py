@@ -219,7 +219,7 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
         month_total = await read_rows(ledger, tenant, this_month.lo, this_month.hi, ())
         today_total = await read_rows(ledger, tenant, today.lo, today.hi, ())
         key_id = session.key_id if session.tenant == tenant else None
-        return page(
+        return await kit.big_page(
             "tenant.html", session=session,
             view=tenant_month(tenant, month, rows, runtime.policy.prices.currency),
             limits=limit_lines(runtime, tenant, today_total[0] if today_total else None,
@@ -258,13 +258,13 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
         rows = await read_rows(ledger, None, month.lo, month.hi, ("tenant",))
         tenants = tenant_spend(runtime.tenants, rows)
         teams, organizations = group_spend(runtime, rows)
-        return page("operator.html", session=session, month=month,
-                    currency=runtime.policy.prices.currency, tenants=tenants, teams=teams,
-                    organizations=organizations,
-                    budgets=await budget_section(runtime, services.quota,
-                                                 [t.tenant for t in tenants]),
-                    pools=pool_stats(runtime.router, time.monotonic()),
-                    rollouts=await rollout_rows(services.rollouts))
+        return await kit.big_page(
+            "operator.html", session=session, month=month,
+            currency=runtime.policy.prices.currency, tenants=tenants, teams=teams,
+            organizations=organizations,
+            budgets=await budget_section(runtime, services.quota, [t.tenant for t in tenants]),
+            pools=pool_stats(runtime.router, time.monotonic()),
+            rollouts=await rollout_rows(services.rollouts))
 
     @get("/console/operator/live.json")
     async def operator_live(request: AnyRequest) -> Response[Any]:

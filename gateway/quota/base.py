@@ -24,6 +24,7 @@ Per request the gateway does::
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -34,6 +35,7 @@ from gateway.quota.errors import InvalidQuotaRequest
 from gateway.quota.keys import tenant_tag
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from types import TracebackType
 
     from gateway.quota.limits import LimitName, Partition, Scope
@@ -256,6 +258,12 @@ class QuotaStore(ABC):
         """The budget thresholds of ``scope`` that alerted this day and month, for admin views
         (read only; named as in :meth:`usage`). A store that keeps no marks answers none."""
         return Alerted()
+
+    async def alerted_many(self, scopes: Sequence[tuple[str, str, Partition | None]]
+                           ) -> list[Alerted]:
+        """:meth:`alerted` of each ``(tenant, scope, partition)``, in order: a page of every
+        tenant's asks for hundreds at once (a store may answer them in one round trip)."""
+        return list(await asyncio.gather(*(self.alerted(*s) for s in scopes)))
 
     async def ping(self) -> None:  # noqa: B027 - optional hook, a no-op in memory
         """Raise ``QuotaUnavailable`` unless the store answers (readiness, outage probes)."""

@@ -29,7 +29,7 @@ from gateway.quota.limits import Limits
 from gateway.quota.memory import MemoryQuotaStore
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from gateway.quota.base import Alerted, Decision, Reservation, Usage
     from gateway.quota.limits import Partition
@@ -175,6 +175,10 @@ class FailoverQuotaStore(QuotaStore):
                       partition: Partition | None = None) -> Alerted:
         """The shared store's marks: the local counters alert nobody."""
         return await self._primary.alerted(tenant, scope, partition)
+
+    async def alerted_many(self, scopes: Sequence[tuple[str, str, Partition | None]]
+                           ) -> list[Alerted]:
+        return await self._primary.alerted_many(scopes)
 
     async def ping(self) -> None:
         await self._primary.ping()

@@ -52,7 +52,7 @@ from gateway.redis.errors import FAILURES, ErrorMap, is_no_script, is_outage
 from gateway.timers.backoff import Backoff
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from gateway.quota.alerts import AlertSink
     from gateway.quota.base import QuotaRequest
@@ -445,6 +445,32 @@ class RedisQuotaStore(QuotaStore):
         self._backoff.success()
         return Alerted(day=tuple(sorted(int(t) for t in replies[0])),
                        month=tuple(sorted(int(t) for t in replies[1])))
+
+    async def alerted_many(self, scopes: Sequence[tuple[str, str, Partition | None]]
+                           ) -> list[Alerted]:
+        """Every scope's two ``:a`` hashes in one round trip (one pipelined batch)."""
+        if not scopes:
+            return []
+        if not self._backoff.allow():
+            raise QuotaBackingOff("Redis failed moments ago; backing off before the next try")
+        now = time.time()
+        commands: list[tuple[str, str]] = []
+        for tenant, scope, partition in scopes:
+            base = scope_key(tenant, scope, partition)
+            day, month = period_ids(now, "UTC" if partition is None else partition.timezone)
+            commands += [("HKEYS", f"{base}:d:{day}:a"), ("HKEYS", f"{base}:m:{month}:a")]
+        try:
+            async with asyncio.timeout(self._deadline):
+                replies = await self._client.execute_many(commands)
+        except FAILURES as exc:
+            raise await self._translated(exc) from exc
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise map_redis_error(reply) from reply
+        self._backoff.success()
+        return [Alerted(day=tuple(sorted(int(t) for t in replies[i])),
+                        month=tuple(sorted(int(t) for t in replies[i + 1])))
+                for i in range(0, len(replies), 2)]
 
     async def ping(self) -> None:
         """Check Redis answers, ignoring the back-off; a success ends it."""

@@ -18,16 +18,20 @@ time from the request to the whole body): a tenant's month (``/console/tenants/<
 2026-11``) as that tenant's session, and as the operator's session for a random tenant each
 time; the operator's page for the month (every tenant's, team's and organization's spend);
 the live pools (``live.json``) and the audit page. Reported: p50, p95, p99 and the worst, in
-ms (the issue's target: p95 <= 300 ms).
+ms (the issue's target: p95 <= 300 ms), and beside each page the latency of a probe (``GET
+/healthz`` every 5 ms on its own connection) while the pages are made, against the same probe
+on the idle worker: how long the worker's event loop, which the proxy shares, waited behind a
+page.
 
 **The proxy under load.** wrk on ``--client-cpu`` sends chat completions at ``--connections``
 (16) to the gateway, in front of the nginx fixture backend, for ``--rounds`` pairs of
 ``--duration`` s windows: one window with nothing else, one while ``--viewers`` console
-viewers (threads, each one operator session) load the operator page, ``live.json`` and a
-tenant's page in a loop with ``--think`` s between pages, the order of the two windows
-alternating. Reported: each window's p50, p99 and requests/s, the median of the per-pair
-differences (console - quiet), and as the noise to read them against, the spread of the
-quiet windows' p99 (the difference between the 75th and 25th percentiles).
+viewers (threads, each one operator session, as a browser with the console open) poll
+``live.json`` every ``--poll`` s and load a page every ``--navigate`` s (the operator's page
+and a tenant's month in turn), the order of the two windows alternating. Reported: each
+window's p50, p99 and requests/s, the median of the per-pair differences (console - quiet),
+and as the noise to read them against, the spread of the quiet windows' p99 (the difference
+between the 75th and 25th percentiles).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -145,8 +150,47 @@ def _percentiles(ms: list[float]) -> dict[str, float]:
             "max": round(ordered[-1], 2)}
 
 
+def _probe(base: str, stop: Any, out: Any) -> None:
+    """The probe's process: ``GET /healthz`` every 5 ms until ``stop``; its ms to ``out``."""
+    ms: list[float] = []
+    with httpx.Client(base_url=base, timeout=30.0) as client:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            client.get("/healthz")
+            ms.append((time.perf_counter() - t0) * 1000)
+            time.sleep(0.005)
+    out.send(ms)
+
+
+class Probe:
+    """``GET /healthz`` every 5 ms on a keep-alive connection of its own, in a process of its
+    own (a thread would wait for this process's GIL behind the page client): its latencies
+    while a page is made are how long the worker's event loop (the proxy's too) waited behind
+    it (``loop_stall.py`` measures hostile requests the same way)."""
+
+    def __init__(self, base: str) -> None:
+        context = multiprocessing.get_context("fork")
+        self.stop = context.Event()
+        self.receive, send = context.Pipe(duplex=False)
+        self.process = context.Process(target=_probe, args=(base, self.stop, send),
+                                       daemon=True)
+        self.ms: list[float] = []
+
+    def __enter__(self) -> Probe:
+        self.process.start()
+        time.sleep(0.2)  # connected and probing before the pages start
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.receive.poll(30):
+            self.ms = self.receive.recv()
+        self.process.join(timeout=30)
+
+
 def time_pages(base: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Each page ``--pages`` times; ms per request, client side."""
+    """Each page ``--pages`` times; ms per request, client side; beside each, the probe's
+    latencies (``Probe``: the event loop's waits), and the probe on the idle worker."""
     rng = random.Random(args.seed)
     mine = rng.randrange(args.tenants)
     tenant = sign_in(base, "tenant", tenant_key(mine))
@@ -163,17 +207,24 @@ def time_pages(base: str, args: argparse.Namespace) -> dict[str, dict[str, float
     }
     out: dict[str, dict[str, float]] = {}
     try:
+        with Probe(base) as idle:
+            time.sleep(3)
+        out["(idle worker)"] = {"probe_p99": _percentiles(idle.ms)["p99"],
+                                "probe_max": _percentiles(idle.ms)["max"]}
         for name, (client, path) in pages.items():
             for _ in range(3):  # warm: the first read of a table pays its pages into memory
                 client.get(path()).raise_for_status()
             ms: list[float] = []
-            for _ in range(args.pages):
-                t0 = time.perf_counter()
-                answer = client.get(path())
-                ms.append((time.perf_counter() - t0) * 1000)
-                if answer.status_code != 200:
-                    raise RuntimeError(f"{name}: {answer.status_code} {answer.text[:200]}")
-            out[name] = _percentiles(ms)
+            with Probe(base) as probe:
+                for _ in range(args.pages):
+                    t0 = time.perf_counter()
+                    answer = client.get(path())
+                    ms.append((time.perf_counter() - t0) * 1000)
+                    if answer.status_code != 200:
+                        raise RuntimeError(f"{name}: {answer.status_code} {answer.text[:200]}")
+            waits = _percentiles(probe.ms)
+            out[name] = {**_percentiles(ms), "probe_p99": waits["p99"],
+                         "probe_max": waits["max"]}
             print(f"[console] {name}: {out[name]}", file=sys.stderr, flush=True)
     finally:
         tenant.close()
@@ -182,12 +233,14 @@ def time_pages(base: str, args: argparse.Namespace) -> dict[str, dict[str, float
 
 
 class Viewers:
-    """``n`` console viewers in threads, each an operator session looping over the operator
-    page, ``live.json`` and a tenant's page, ``think`` s apart, while ``running`` is set."""
+    """``n`` console viewers in threads while ``running`` is set, each an operator session
+    behaving as a browser with the console open: ``live.json`` every ``poll`` s (what the
+    operator page's script does) and, every ``navigate`` s, the next page (the operator's
+    page, then a tenant's month, in turn). The viewers start their cycles spread out."""
 
-    def __init__(self, base: str, n: int, think: float, tenants: int) -> None:
+    def __init__(self, base: str, n: int, poll: float, navigate: float, tenants: int) -> None:
         self.clients = [sign_in(base, "operator", ADMIN_TOKEN) for _ in range(n)]
-        self.think = think
+        self.poll, self.navigate = poll, navigate
         self.tenants = tenants
         self.running = threading.Event()
         self.stopped = threading.Event()
@@ -200,21 +253,29 @@ class Viewers:
 
     def _loop(self, client: httpx.Client, i: int) -> None:
         rng = random.Random(i)
-        paths = [lambda: f"/console/operator?month={MONTH}",
-                 lambda: "/console/operator/live.json",
+        pages = [lambda: f"/console/operator?month={MONTH}",
                  lambda: f"/console/tenants/t{rng.randrange(self.tenants):03d}?month={MONTH}"]
         step = 0
+        next_poll = time.monotonic() + rng.uniform(0, self.poll)
+        next_page = time.monotonic() + rng.uniform(0, self.navigate)
         while not self.stopped.is_set():
             if not self.running.wait(0.1):
                 continue
+            now = time.monotonic()
+            if now >= next_page:
+                path, next_page = pages[step % len(pages)](), now + self.navigate
+                step += 1
+            elif now >= next_poll:
+                path, next_poll = "/console/operator/live.json", now + self.poll
+            else:
+                time.sleep(min(next_poll, next_page) - now)
+                continue
             try:
-                ok = client.get(paths[step % len(paths)]()).status_code == 200
+                ok = client.get(path).status_code == 200
             except httpx.HTTPError:
                 ok = False
             self.pages += 1
             self.errors += not ok
-            step += 1
-            time.sleep(self.think)
 
     def close(self) -> None:
         self.stopped.set()
@@ -233,7 +294,7 @@ def proxy_windows(args: argparse.Namespace, tools: dict[str, str], port: int, ba
     script.write_text(wrk.lua_script(payloads.request_body(stream=False),
                                      payloads.request_headers(key)))
     url = f"http://{HOST}:{port}{payloads.API_PATHS['chat']}"
-    viewers = Viewers(base, args.viewers, args.think, args.tenants)
+    viewers = Viewers(base, args.viewers, args.poll, args.navigate, args.tenants)
     windows: dict[str, list[dict[str, float]]] = {"quiet": [], "console": []}
     pages_per_window: list[int] = []
     try:
@@ -279,18 +340,23 @@ def proxy_windows(args: argparse.Namespace, tools: dict[str, str], port: int, ba
 def report(out: dict[str, Any]) -> str:
     lines = [f"Console at {int(out['args']['records']):,} records "
              f"(load average {out['loadavg_start'][0]:.1f} -> {out['loadavg'][0]:.1f})", "",
-             "| page | n | p50 ms | p95 ms | p99 ms | max ms |", "|---|---:|---:|---:|---:|---:|"]
+             "| page | n | p50 ms | p95 ms | p99 ms | max ms | probe p99 / max ms |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, s in out["pages"].items():
+        if "n" not in s:
+            lines.append(f"| {name} | | | | | | {s['probe_p99']} / {s['probe_max']} |")
+            continue
         lines.append(f"| {name} | {s['n']} | {s['p50']} | **{s['p95']}** | {s['p99']} | "
-                     f"{s['max']} |")
+                     f"{s['max']} | {s['probe_p99']} / {s['probe_max']} |")
     proxy = out.get("proxy")
     if proxy is None:
         return "\n".join(lines)
     m, d = proxy["median"], proxy["median_difference"]
     lines += ["", f"Proxy at {out['args']['connections']} connections, "
               f"{out['args']['rounds']} pairs of {out['args']['duration']} s windows, "
-              f"{out['args']['viewers']} console viewers "
-              f"(pages per console window: {proxy['console_pages_per_window']}):", "",
+              f"{out['args']['viewers']} console viewers (live.json every "
+              f"{out['args']['poll']} s, a page every {out['args']['navigate']} s; requests "
+              f"per console window: {proxy['console_pages_per_window']}):", "",
               "| windows | p50 ms | p99 ms | requests/s |", "|---|---:|---:|---:|",
               f"| quiet | {m['quiet']['p50_ms']:.3f} | {m['quiet']['p99_ms']:.3f} | "
               f"{m['quiet']['rps']:.0f} |",
@@ -312,7 +378,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=int, default=5, help="seconds per proxy window (5)")
     p.add_argument("--connections", type=int, default=16)
     p.add_argument("--viewers", type=int, default=4, help="console viewers (4)")
-    p.add_argument("--think", type=float, default=0.5, help="seconds between a viewer's pages")
+    p.add_argument("--poll", type=float, default=3.0,
+                   help="seconds between a viewer's live.json polls (3, as the page's script)")
+    p.add_argument("--navigate", type=float, default=10.0,
+                   help="seconds between a viewer's page loads (10)")
     p.add_argument("--skip-proxy", action="store_true", help="the pages only")
     p.add_argument("--proxy-cpu", default="0")
     p.add_argument("--client-cpu", default="1")
