@@ -429,22 +429,8 @@ class RedisQuotaStore(QuotaStore):
                       partition: Partition | None = None) -> Alerted:
         """The fields of the day's and the month's ``:a`` hashes (``keys.py``), in one round
         trip; the periods of this process's clock (the scripts use the server's)."""
-        if not self._backoff.allow():
-            raise QuotaBackingOff("Redis failed moments ago; backing off before the next try")
-        base = scope_key(tenant, scope, partition)
-        day, month = period_ids(time.time(), "UTC" if partition is None else partition.timezone)
-        try:
-            async with asyncio.timeout(self._deadline):
-                replies = await self._client.execute_many(
-                    [("HKEYS", f"{base}:d:{day}:a"), ("HKEYS", f"{base}:m:{month}:a")])
-        except FAILURES as exc:
-            raise await self._translated(exc) from exc
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                raise map_redis_error(reply) from reply
-        self._backoff.success()
-        return Alerted(day=tuple(sorted(int(t) for t in replies[0])),
-                       month=tuple(sorted(int(t) for t in replies[1])))
+        (alerted,) = await self.alerted_many([(tenant, scope, partition)])
+        return alerted
 
     async def alerted_many(self, scopes: Sequence[tuple[str, str, Partition | None]]
                            ) -> list[Alerted]:
