@@ -7,6 +7,7 @@ bounded and the batch runner paces itself, and whether the web console is served
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Literal
 
 import msgspec
@@ -180,3 +181,15 @@ class Console(PolicyStruct, frozen=True):
     #: gateway itself; ``always`` behind a proxy that ends TLS (the gateway then sees http,
     #: the browser https); ``never`` only for plain-http tests
     secure_cookie: Literal["auto", "always", "never"] = "auto"
+    #: the proxies in front of the gateway (addresses or CIDR blocks): from a peer among them,
+    #: the console takes the client's address from ``X-Forwarded-For`` (the last hop not
+    #: among them), for the sign-in bound and the audit log; from any other peer, the peer's
+    trusted_proxies: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for entry in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"console.trusted_proxies: {entry!r} is not an address or "
+                                 f"a CIDR block") from exc

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from litestar import Response, post
 
 from gateway.auth.manage import KeyAdminError, create_key, public_view, secret_for
-from gateway.console.kit import AnyRequest, Kit, client_host
+from gateway.console.kit import AnyRequest, Kit
 from gateway.console.sessions import Session
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def key_handlers(kit: Kit) -> list[Any]:
         except KeyAdminError as exc:
             return kit.refuse(400, str(exc), session)
         _log.info("console: key %s created for tenant %s", record.id, tenant)
-        kit.services.audit.record(f"/console/tenants/{tenant}/keys", client_host(request),
+        kit.services.audit.record(f"/console/tenants/{tenant}/keys", kit.client(request),
                                   actor(session), f"created key {record.id} of {tenant}", 200)
         return kit.page("key_created.html", session=session, tenant=tenant, key=key,
                         record={**public_view(record), "expires_at": _when(record.expires)})
@@ -146,13 +146,13 @@ def key_handlers(kit: Kit) -> list[Any]:
         if record is None or record.tenant != tenant:
             _log.warning("console: %s tried to revoke key %s, not one of tenant %s",
                          actor(session), key_id[:64], tenant)
-            kit.services.audit.record(path, client_host(request), actor(session),
+            kit.services.audit.record(path, kit.client(request), actor(session),
                                       f"revoke of key {key_id[:64]} refused: not {tenant}'s",
                                       404)
             return kit.refuse(404, "No such key of this tenant.", session)
         await store.revoke(key_id)
         _log.info("console: key %s of tenant %s revoked", key_id, tenant)
-        kit.services.audit.record(path, client_host(request), actor(session),
+        kit.services.audit.record(path, kit.client(request), actor(session),
                                   f"revoked key {key_id} of {tenant}", 303)
         return Response("", status_code=303,
                         headers={"location": f"/console/tenants/{tenant}#keys"})

@@ -4,8 +4,10 @@ check of a POST and the client's address, bound to one console app (:class:`Kit`
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
+import ipaddress
 import logging
 import time
 from dataclasses import dataclass
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
     from gateway.console.sessions import Sessions
     from gateway.ledger.sql.store import SqlLedger
     from gateway.runtime import Runtime
+
+    IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 __all__ = ["COOKIE", "AnyRequest", "Kit", "client_host", "static_files", "templates"]
 
@@ -114,6 +118,10 @@ class Kit:
             return None
         return session
 
+    def client(self, request: AnyRequest) -> str:
+        """The client's address (:func:`client_host`, the policy's trusted proxies)."""
+        return client_host(request, self.current().policy.console.trusted_proxies)
+
     async def catch_up(self) -> None:
         if self.caught_up is not None:
             await self.caught_up()
@@ -154,7 +162,37 @@ class Kit:
         return session, {name: str(value) for name, value in form.items()}
 
 
-def client_host(request: AnyRequest) -> str:
-    """The peer's address as the server saw it (no port: one browser opens many)."""
+@functools.lru_cache(maxsize=8)
+def _networks(entries: tuple[str, ...]) -> tuple[IPNetwork, ...]:
+    return tuple(ipaddress.ip_network(e, strict=False) for e in entries)
+
+
+def _among(address: str, networks: tuple[IPNetwork, ...]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in networks)
+
+
+def client_host(request: AnyRequest, trusted: tuple[str, ...] = ()) -> str:
+    """The client's address (no port: one browser opens many): the peer's, or, when the peer
+    is one of the ``trusted`` proxies (``console.trusted_proxies``), the last hop of
+    ``X-Forwarded-For`` that is not one of them (a client's own entries come before its
+    proxies' and prove nothing)."""
     client = request.scope.get("client")
-    return str(client[0]) if client else "-"
+    peer = str(client[0]) if client else "-"
+    if not trusted:
+        return peer
+    networks = _networks(trusted)
+    if not _among(peer, networks):
+        return peer
+    hops = [h.strip() for value in request.headers.getall("x-forwarded-for", [])
+            for h in value.split(",") if h.strip()]
+    for hop in reversed(hops):
+        if not _among(hop, networks):
+            try:
+                return str(ipaddress.ip_address(hop))
+            except ValueError:  # not an address: the chain cannot be read past it
+                return peer
+    return peer

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from litestar import Response, post
 
-from gateway.console.kit import AnyRequest, Kit, client_host
+from gateway.console.kit import AnyRequest, Kit
 from gateway.rollouts import ACTIONS, InvalidAction, RolloutStoreUnavailable, UnknownRollout
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def rollout_handlers(kit: Kit) -> list[Any]:
         session, form = posted
         model, verb = form.get("model", ""), form.get("action", "")
         rollouts = kit.services.rollouts
-        client = client_host(request)
+        client = kit.client(request)
         if verb not in ACTIONS:
             return kit.refuse(400, f"Unknown rollout action {verb[:32]!r}.", session)
         if rollouts is None:

@@ -44,7 +44,7 @@ from gateway.console.audit import audit_handlers
 from gateway.console.batches import batch_section
 from gateway.console.budgets import budget_section
 from gateway.console.keys import key_handlers, key_section
-from gateway.console.kit import COOKIE, AnyRequest, Kit, client_host, static_files, templates
+from gateway.console.kit import COOKIE, AnyRequest, Kit, static_files, templates
 from gateway.console.limits import limits_in_use
 from gateway.console.live import pool_stats
 from gateway.console.rollouts import rollout_handlers, rollout_rows
@@ -133,7 +133,7 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
 
     @post("/console/login", status_code=303)
     async def login(request: AnyRequest) -> Response[Any]:
-        client = client_host(request)
+        client = kit.client(request)
         wait = limiter.retry_after(client)
         if wait is not None:
             audit.record("/console/login", client, "-", "sign-in refused: too many failures",
@@ -187,7 +187,7 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
         await sessions.delete(request.cookies.get(COOKIE))
         who = session.role if session.tenant is None else f"tenant {session.tenant}"
         _log.info("console: %s signed out", session.tenant or session.role)
-        audit.record("/console/logout", client_host(request), who, "signed out", 303)
+        audit.record("/console/logout", kit.client(request), who, "signed out", 303)
         response = Redirect("/console/login", status_code=303)
         response.delete_cookie(COOKIE, path="/console")
         return response

@@ -94,6 +94,12 @@ def _with(**changes: object) -> dict[str, object]:
             "Expected `int` >",
             id="negative-limit",
         ),
+        pytest.param(
+            _with(console={"enabled": True, "trusted_proxies": ["10.0.0.0/8", "proxy.local"]}),
+            "$.console",
+            "'proxy.local' is not an address or a CIDR block",
+            id="bad-trusted-proxy",
+        ),
         pytest.param("pools:\n  - name: p\n   bad: [", "line ", "invalid YAML", id="bad-yaml"),
         pytest.param("- a list", "$", "expected a mapping", id="not-a-mapping"),
     ],

@@ -208,3 +208,41 @@ def test_failed_sign_ins_are_bounded_per_address(sim: SimServer, tmp_path: Path)
             assert "gw_console=" not in refused.headers.get("set-cookie", "")
     finally:
         gw.stop()
+
+
+def test_behind_a_trusted_proxy_the_bound_is_per_forwarded_client(sim: SimServer,
+                                                                  tmp_path: Path) -> None:
+    """With the test's loopback as a trusted proxy, each client named by X-Forwarded-For
+    has its own bound: one that failed 10 times is refused, another behind the same proxy
+    signs in; a forged first entry does not escape the bound (the last untrusted hop
+    counts)."""
+    gw = start_console(sim, tmp_path, trusted_proxies=["127.0.0.0/8", "::1"])
+    try:
+        with httpx.Client(base_url=gw.url, timeout=30, follow_redirects=False) as c:
+            mallory = {"x-forwarded-for": "203.0.113.7"}
+            for _ in range(10):
+                c.headers.update(mallory)
+                assert sign_in(c, "sk-gw-wrong-key").status_code == 401
+            assert sign_in(c, ACME_KEY).status_code == 429
+            c.headers.update({"x-forwarded-for": "198.51.100.1, 203.0.113.7"})  # forged hop
+            assert sign_in(c, ACME_KEY).status_code == 429
+            c.cookies.clear()
+            c.headers.update({"x-forwarded-for": "192.0.2.44"})
+            assert sign_in(c, ACME_KEY).status_code == 303
+    finally:
+        gw.stop()
+
+
+def test_without_trusted_proxies_a_forwarded_address_is_ignored(sim: SimServer,
+                                                                tmp_path: Path) -> None:
+    """No trusted proxies: X-Forwarded-For changes nothing, the peer's address is bounded."""
+    gw = start_console(sim, tmp_path)
+    try:
+        with httpx.Client(base_url=gw.url, timeout=30, follow_redirects=False) as c:
+            for n in range(10):
+                c.headers.update({"x-forwarded-for": f"203.0.113.{n}"})
+                assert sign_in(c, "sk-gw-wrong-key").status_code == 401
+            c.headers.update({"x-forwarded-for": "192.0.2.44"})
+            assert sign_in(c, ACME_KEY).status_code == 429
+    finally:
+        gw.stop()
