@@ -192,12 +192,13 @@ def _days_and_hours(p: Params, tenant: str | None, lo_ms: int, hi_ms: int,
     columns = ", ".join([*keys, *(f'"{c}"' for c in ROLLUP_COUNTERS)])
     parts: list[tuple[str, str, list[str]]]
     if by_tenant:  # the tenant hours up to their boundary, the last ones from usage_hourly
-        latest = "GREATEST" if p.dialect == "postgresql" else "max"
+        # (two plain bounds, not GREATEST of them: each is an index condition, where the
+        # planner reads GREATEST as unknown and scans every hourly row of the range)
         parts = [("usage_daily_tenants", "day_ms", [f"day_ms < {THROUGH}"]),
                  ("usage_hourly_tenants", "hour_ms",
                   [f"hour_ms >= {THROUGH}", f"hour_ms < {TENANTS_THROUGH}"]),
                  ("usage_hourly", "hour_ms",
-                  [f"hour_ms >= {latest}({THROUGH}, {TENANTS_THROUGH})"])]
+                  [f"hour_ms >= {THROUGH}", f"hour_ms >= {TENANTS_THROUGH}"])]
     else:
         parts = [("usage_daily", "day_ms", [f"day_ms < {THROUGH}"]),
                  ("usage_hourly", "hour_ms", [f"hour_ms >= {THROUGH}"])]
