@@ -24,7 +24,9 @@ on the idle worker: how long the worker's event loop, which the proxy shares, wa
 page.
 
 **The proxy under load.** wrk on ``--client-cpu`` sends chat completions at ``--connections``
-(16) to the gateway, in front of the nginx fixture backend, for ``--rounds`` pairs of
+(16) to the gateway, in front of the nginx fixture backend (which answers at once, so the
+gateway's core is saturated), or with ``--paced-ms`` streams of 64 tokens from a backend that
+paces them like an engine's decode steps (``fastserver``), for ``--rounds`` pairs of
 ``--duration`` s windows: one window with nothing else, one while ``--viewers`` console
 viewers (threads, each one operator session, as a browser with the console open) poll
 ``live.json`` every ``--poll`` s and load a page every ``--navigate`` s (the operator's page
@@ -291,7 +293,7 @@ def proxy_windows(args: argparse.Namespace, tools: dict[str, str], port: int, ba
     """Alternating quiet / console windows of wrk at ``--connections``."""
     key = tenant_key(0)
     script = workdir / "chat.lua"
-    script.write_text(wrk.lua_script(payloads.request_body(stream=False),
+    script.write_text(wrk.lua_script(payloads.request_body(stream=args.paced_ms > 0),
                                      payloads.request_headers(key)))
     url = f"http://{HOST}:{port}{payloads.API_PATHS['chat']}"
     viewers = Viewers(base, args.viewers, args.poll, args.navigate, args.tenants)
@@ -352,7 +354,9 @@ def report(out: dict[str, Any]) -> str:
     if proxy is None:
         return "\n".join(lines)
     m, d = proxy["median"], proxy["median_difference"]
-    lines += ["", f"Proxy at {out['args']['connections']} connections, "
+    load = ("streams of 64 tokens paced " + out["args"]["paced_ms"] + " ms apart"
+            if float(out["args"]["paced_ms"]) > 0 else "chat completions from nginx")
+    lines += ["", f"Proxy ({load}) at {out['args']['connections']} connections, "
               f"{out['args']['rounds']} pairs of {out['args']['duration']} s windows, "
               f"{out['args']['viewers']} console viewers (live.json every "
               f"{out['args']['poll']} s, a page every {out['args']['navigate']} s; requests "
@@ -383,6 +387,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--navigate", type=float, default=10.0,
                    help="seconds between a viewer's page loads (10)")
     p.add_argument("--skip-proxy", action="store_true", help="the pages only")
+    p.add_argument("--paced-ms", type=float, default=0.0,
+                   help="the proxy's load as streams from a paced backend (fastserver, 64 "
+                   "tokens this many ms apart) instead of nginx's instant answers (0)")
     p.add_argument("--proxy-cpu", default="0")
     p.add_argument("--client-cpu", default="1")
     p.add_argument("--backend-cpu", default="1")
@@ -416,6 +423,13 @@ async def _agree(url: str) -> dict[str, int]:
     return {"tenant_rollups": sum(by_tenant.values()), "group_rollups": sum(summed.values())}
 
 
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex((HOST, port)) == 0
+
+
 def _load(url: str, args: argparse.Namespace) -> dict[str, float]:
     data = argparse.Namespace(records=args.records, tenants=args.tenants, keys=20, models=5,
                               versions=3, open_last_day=True)
@@ -441,13 +455,25 @@ def main(argv: list[str] | None = None) -> int:
         out["requests_in_month"] = asyncio.run(_agree(pg.url))
         print(f"[console] rollups agree: {out['requests_in_month']}", file=sys.stderr,
               flush=True)
-        backend = nginx.PortPair(*free_ports(2))
-        nginx.start(procs, tools["nginx"], workdir, "backend",
-                    nginx.backend_config(workdir, backend, args.backend_cpu), backend,
-                    args.backend_cpu)
+        if args.paced_ms > 0:  # streams paced like an engine's decode (fastserver)
+            (backend_port,) = free_ports(1)
+            paced = procs.start("paced", pinned(
+                [sys.executable, "-m", "loadtest.bench.fastserver", "--port", str(backend_port),
+                 "--interval-ms", str(args.paced_ms)], args.backend_cpu), workdir / "paced.log")
+            deadline = time.monotonic() + 30
+            while not _listening(backend_port):
+                if time.monotonic() > deadline or paced.proc.poll() is not None:
+                    raise RuntimeError(f"fastserver did not start: {paced.log_tail()}")
+                time.sleep(0.1)
+        else:
+            backend = nginx.PortPair(*free_ports(2))
+            nginx.start(procs, tools["nginx"], workdir, "backend",
+                        nginx.backend_config(workdir, backend, args.backend_cpu), backend,
+                        args.backend_cpu)
+            backend_port = backend.json
         (port,) = free_ports(1)
         config = workdir / "gateway.yaml"
-        config.write_text(policy_yaml(args, backend.json, workdir))
+        config.write_text(policy_yaml(args, backend_port, workdir))
         binary = Path(sys.executable).parent / "gateway"
         env = {"GATEWAY_REDIS_URL": redis_url, "GATEWAY_LEDGER_URL": pg.url,
                "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
