@@ -9,7 +9,20 @@ may split lines and events anywhere. It
   arguments for chat; ``choices[].text`` for completions) so that a stream that ends without
   usage, or is cut short, can still be counted (``delivered_text``);
 * notes ``data: [DONE]``;
-* optionally strips the usage event, when the gateway asked for usage but the client did not.
+* optionally strips the usage event, when the gateway asked for usage but the client did not;
+* counts the output sent as the engine counts it, for a continuation on another backend
+  (``upstream/continuation.py``): :meth:`StreamScanner.output_sent`.
+
+Output sent (:meth:`StreamScanner.output_sent`, for a stream of one choice of text: what a
+continuation continues): the chunks that carried text, each at least one token of the engine's
+(an engine sends a token's text once it has it, and several tokens in one chunk where a token
+ends inside a UTF-8 character, a stop string may begin, or it streams at an interval), so
+their count never exceeds the tokens sent; and, where the chunks carry it, the engine's own
+running count, which is exact: llama.cpp's ``timings.predicted_n`` on every chunk (with
+``timings_per_token``; its ``prompt_n + cache_n`` is the prompt), vLLM's usage on every chunk
+(``stream_options.continuous_usage_stats``), and any usage read. Both come from the decoding
+the scanner does anyway: the chunks of text are the pieces of text it keeps, and ``timings``
+and ``usage`` are looked at only on a chunk that has them.
 
 Cost per chunk: one ``rfind`` for the last event boundary, one ``split``, and the events'
 decoding into ``ChatChunk``, the one Struct of a chat chunk in the gateway (what this scanner and
@@ -146,7 +159,9 @@ class ChatChunk(msgspec.Struct, gc=False):
     usage: Any = None
     #: a backend's mid-stream error object
     error: Any = None
-    #: llama.cpp's ``timings`` (on the last chunk): ``cache_n`` is its cache read
+    #: llama.cpp's ``timings`` (on the last chunk; on every chunk with ``timings_per_token``):
+    #: ``cache_n`` is its cache read, ``predicted_n`` the tokens generated so far, ``prompt_n +
+    #: cache_n`` the prompt
     timings: Any = None
 
 
@@ -182,10 +197,19 @@ class StreamScanner:
     """
 
     __slots__ = (
+        "_base",
+        "_base_at",
+        "_base_exact",
+        "_engine",
+        "_engine_at",
         "_events",
         "_extra",
+        "_finished",
+        "_first_prompt",
         "_malformed",
+        "_note",
         "_pending",
+        "_segment",
         "_sep",
         "_skipping",
         "_strip",
@@ -218,6 +242,18 @@ class StreamScanner:
         #: in stream order (None: ``[DONE]``), for a stream translator to read instead of
         #: decoding the events again; else None
         self.chunks: list[ChatChunk | None] | None = [] if keep_chunks else None
+        # the output sent (``output_sent``): the engine's running count where a chunk says it
+        # (as of ``_engine_at`` chunks of text: ``_texts``), and, once continued on another
+        # engine, the tokens sent before (``_base``, as of ``_base_at`` chunks of text)
+        self._engine: int | None = None
+        self._engine_at = 0
+        self._base = 0
+        self._base_at = 0
+        self._base_exact = True
+        self._segment = 0  # continuations so far: 0, the first engine's chunks
+        self._first_prompt: int | None = None  # the first engine's prompt, where it said it
+        self._finished = False  # a finish reason seen
+        self._note: str | None = None  # ``BackendUsage.estimated`` of the usage read now
 
     @property
     def events(self) -> int:
@@ -291,6 +327,48 @@ class StreamScanner:
         of this one."""
         self._tail = b""
         self._skipping = False
+
+    def output_sent(self) -> tuple[int, bool]:
+        """(the output tokens sent so far, whether that is the engines' own count): the
+        engine's latest running count plus one a chunk after it, exact when no chunk came
+        after it; else one a chunk (never more than the tokens sent: see the module
+        docstring). A count below one a chunk is not believed. Once continued
+        (:meth:`continued`), the tokens sent before plus the continuation's."""
+        if self._pending:
+            self._settle()
+        base, engine, texts = self._base, self._engine, self._texts()
+        chunks = texts - self._base_at
+        if engine is None or engine < base + (self._engine_at - self._base_at):
+            return base + chunks, self._base_exact and chunks == 0 and engine is None
+        after = texts - self._engine_at
+        return engine + after, self._base_exact and after == 0
+
+    @property
+    def first_prompt(self) -> int | None:
+        """The prompt tokens of the first engine, where its chunks said them (llama.cpp's
+        per-token ``timings``, vLLM's per-chunk usage, a usage it sent before it broke)."""
+        return self._first_prompt
+
+    @property
+    def finished(self) -> bool:
+        """Whether a finish reason went out (the answer had ended, but for its usage or
+        ``[DONE]``)."""
+        if self._pending:
+            self._settle()
+        return self._finished
+
+    def continued(self, sent: int, exact: bool, estimated: str | None = None) -> None:
+        """The stream goes on on another engine (``upstream/continuation.py``) after ``sent``
+        output tokens (``exact``: the engine's count): the continuation's chunks count from
+        there (its ``timings`` from 1 again; its usage, spliced, is the whole answer's), and
+        the usage read from now on says ``estimated`` (``BackendUsage.estimated``: which of
+        its figures are the gateway's), None: none."""
+        if self._pending:
+            self._settle()
+        self._segment += 1
+        self._base, self._base_at, self._base_exact = sent, self._texts(), exact
+        self._engine = None
+        self._note = estimated
 
     def delivered_text(self) -> str:
         """Everything generated that was sent: content of all choices, reasoning, tool calls."""
@@ -407,6 +485,8 @@ class StreamScanner:
         self._events += 1
         if parsed.choices:
             self._collect(parsed.choices)
+        if parsed.usage is not None or parsed.timings is not None:
+            self._engine_counts(parsed)
         if parsed.usage is None or not self._strip:
             return None
         return _without_usage(payload) if parsed.choices else b""
@@ -420,8 +500,34 @@ class StreamScanner:
             self._malformed += 1
             self.usage = malformed_usage()  # not believed
             return False
-        self.usage = usage.normalise(timings_cache_n(chunk.timings))
+        read = usage.normalise(timings_cache_n(chunk.timings))
+        if self._note is not None and read.rejected is None:
+            read = msgspec.structs.replace(read, estimated=self._note)
+        self.usage = read
         return True
+
+    def _engine_counts(self, chunk: ChatChunk) -> None:
+        """The engine's own running count of its output (and its prompt), from a chunk with
+        a usage (read and believed: ``self.usage``; the whole answer's once continued) or
+        llama.cpp's ``timings`` (the continuation's own count, from 1, once continued)."""
+        timings = chunk.timings
+        timed = timings if isinstance(timings, dict) else None
+        if chunk.usage is not None:
+            usage = self.usage
+            if usage is None or usage.rejected is not None:
+                return  # figures not believed (the meter says why)
+            self._engine, self._engine_at = usage.completion_tokens, self._texts()
+            if not self._segment and self._first_prompt is None:
+                self._first_prompt = usage.prompt_tokens
+        elif timed is not None:
+            predicted = timed.get("predicted_n")
+            if type(predicted) is int and predicted >= 0:
+                self._engine, self._engine_at = self._base + predicted, self._texts()
+        if timed is not None and not self._segment and self._first_prompt is None:
+            # the tokens it prefilled and those it read from its cache: both, or no figure
+            prompt, cached = timed.get("prompt_n"), timed.get("cache_n")
+            if type(prompt) is int and prompt >= 0 and type(cached) is int and cached >= 0:
+                self._first_prompt = prompt + cached
 
     def _settle(self) -> None:
         """Decode the waiting events, all in one call when they all are chat chunks (else
@@ -447,9 +553,13 @@ class StreamScanner:
             self._events += 1
             if chunk.choices:
                 collect(chunk.choices)
+            if chunk.timings is not None or chunk.usage is not None:
+                self._engine_counts(chunk)
 
     def _collect(self, choices: list[ChunkChoice]) -> None:
         for choice in choices:
+            if choice.finish_reason:
+                self._finished = True
             pieces = self._text.get(choice.index)
             if pieces is None:
                 pieces = self._text[choice.index] = []
@@ -472,6 +582,10 @@ class StreamScanner:
                             self._extra.append(arguments or "")
                         else:
                             self._extra.append(_encode(arguments).decode())
+
+    def _texts(self) -> int:
+        """The chunks that carried text so far (a piece each, in ``_text``)."""
+        return sum(map(len, self._text.values()))
 
     def __repr__(self) -> str:
         state = "done" if self.done else "open"

@@ -9,7 +9,9 @@ its usage does not hold (``1e30``, ``null``, ``-1``, ten times the prompt), the 
 counts stand, the output is the delivered text counted with the tokenizer, and the record is
 marked ``estimated`` with the reason (``estimate_reason``); nothing is reported as cached,
 cache-written or reasoning then. Only that validated figure reaches the bill, the quota settle
-and the next turn's history count.
+and the next turn's history count. A continued stream's usage (``upstream/continuation.py``)
+is billed as read, and marked ``estimated`` too when a figure of it is the gateway's (its
+``BackendUsage.estimated``: ``continued:prompt_tokens``, ``continued:completion_tokens``).
 
 The buckets, each token in exactly one of each row:
 
@@ -82,6 +84,8 @@ def account(
     if reported is not None and reported.rejected is not None:
         reason = reported.rejected
         reported = None
+    # figures billed as read, but some of them the gateway's (a continued stream's splice)
+    partly = reported.estimated if reported is not None else None
     if reported is not None:
         parts = fit_split(split, reported.prompt_tokens)
         output, reasoning = reported.completion_tokens, reported.reasoning_tokens
@@ -116,8 +120,8 @@ def account(
         output=output,
         reasoning=reasoning,
         prompt_total=parts.total,
-        estimated=reported is None,
-        estimate_reason=None if reported is not None else reason or NO_USAGE,
+        estimated=reported is None or partly is not None,
+        estimate_reason=partly if reported is not None else reason or NO_USAGE,
         non_text_parts=parts.non_text_parts,
         cost=cost,
     )

@@ -100,6 +100,10 @@ class BackendUsage(msgspec.Struct, frozen=True, kw_only=True):
     #: why these figures cannot be billed (``usage_bounds``: ``"null:prompt_tokens"``, ...),
     #: every figure then 0; None: they were read without a problem
     rejected: str | None = None
+    #: why a figure of these is the gateway's own, not the backend's, though it is billed as
+    #: read: a continued stream's usage, spliced from two engines' (``continued:<fields>``,
+    #: ``upstream/continuation.py``); None: every figure is the backend's
+    estimated: str | None = None
 
 
 def _refused(reason: str) -> BackendUsage:

@@ -434,7 +434,8 @@ def _continuer(forwarded: Forwarded, scanner: Scanner | None, plan: Upstream, mo
     its pool's) is on and the backend streams chat completions (a chat stream, or one
     translated to chat) or Anthropic's Messages (passed through); never for a Responses
     stream passed through (``Upstream.continues_as``). It reads the stream's own scanner
-    (``plan.scanner``: the one the relay feeds, without a shadow's tap around it)."""
+    (``plan.scanner``: the one the relay feeds, without a shadow's tap around it) and counts
+    the output sent with the backend's chat scanner (a translated stream's translator's)."""
     settings = model.continuation or forwarded.pool.config.continuation
     api = plan.continues_as
     if (not settings.enabled or scanner is None or forwarded.first_chunk is None
@@ -442,8 +443,10 @@ def _continuer(forwarded: Forwarded, scanner: Scanner | None, plan: Upstream, mo
         return None
     rewriter = plan.rewriter
     fresh = rewriter.fresh if rewriter is not None else lambda: AnswerRewriter(None)
+    translator = plan.translator
+    chat = translator.scanner if translator is not None else plan.scanner
     return Continuer(settings, forwarded, scanner=plan.scanner or scanner, rewriter=fresh,
-                     api=api, **args)
+                     api=api, output=chat, **args)
 
 
 def _route(x: Exchange) -> tuple[Route, str]:

@@ -24,16 +24,34 @@ continuation.
 
 Chat (:func:`continuation_body`, :class:`Splice`):
 
+* the tokens sent: counted as the engine counts them, by the stream's chat scanner
+  (``accounting.sse.StreamScanner.output_sent``), never by tokenising the text again (the
+  gateway's encoding is not the engine's tokenizer: o200k counted 1.15 times a GPT-2 model's
+  tokens at the median, 1.44 at most, and refused every break in the last fifth of an
+  answer). Where the chunks carry the engine's running count (llama.cpp's
+  ``timings.predicted_n`` with ``timings_per_token``, vLLM's usage on every chunk with
+  ``stream_options.continuous_usage_stats``), that count, exact; otherwise one token a chunk
+  that carried text, never more than the engine's tokens (a chunk carries one at least), so a
+  stream with room left is never refused, and the answer may run past its ``max_tokens`` by
+  the tokens an engine sent several to a chunk (llama.cpp: a token that ends inside a UTF-8
+  character goes out with the next one; none in ASCII text). The gateway does not ask the
+  engine for the running count: both ways put it on every chunk the client gets;
 * the request: the upstream body as first sent (model, cache salt, ``include_usage`` kept),
   plus the text already streamed as a final assistant message, with
   ``continue_final_message: true`` and ``add_generation_prompt: false`` (vLLM, SGLang, and
   llama.cpp's server, which otherwise echoes the prefill in its answer), and its output limit
-  reduced by the tokens sent;
+  reduced by the tokens sent (nothing left: not continued);
 * the splice: the continuation's role-only first chunk is dropped (the client had its role),
   its id and model become the client's (the gateway's id, the public name), its usage becomes
-  the whole answer's (the original prompt, and the tokens sent before plus the continuation's
-  output: what the client received), and its finish and usage chunks carry
-  ``"metadata": {"x-gateway-continued": "1"}``.
+  the whole answer's, and its finish and usage chunks carry
+  ``"metadata": {"x-gateway-continued": "1"}``. The whole answer's usage is what the client
+  received: ``completion_tokens`` the tokens sent before plus the continuation's own output;
+  ``prompt_tokens`` the original prompt as the first engine counted it where its chunks said
+  it (llama.cpp's per-token ``timings``: ``prompt_n + cache_n``; vLLM's per-chunk usage), else
+  the gateway's count. The continuation's own prompt is no help there: it holds the text sent
+  as the engine tokenised it again, which is not always as many tokens as it generated. A
+  figure that is the gateway's makes the record ``estimated``, its ``estimate_reason``
+  ``continued:prompt_tokens``, ``continued:completion_tokens`` or both, comma-separated.
 
 Messages passed through (:func:`messages_continuation_body`, :class:`MessagesSplice`; the
 client's message as the stream's scanner read it: ``NativeStreamScanner.messages_so_far``):
@@ -61,12 +79,18 @@ cost, charged to the tenant too only with ``continuation.billed``. The pool's
 ``gateway_stream_continuation_prompt_tokens_total`` counts those tokens.
 
 Not continued (the error event ends the stream, as without continuation): a chat stream that
-carried tool calls or reasoning or several choices (``Scanner.reply_text`` is None); a
-Messages stream with a block other than text (a tool call, thinking: Anthropic takes no
-prefill with thinking) or whose ``message_delta`` already went out; a stream whose client
-holds part of an event (the break fell inside one); one past ``max_output_tokens`` or its own
-output limit; past ``max_attempts`` continuations; a Responses stream passed through; or when
-no other backend answers with a stream.
+carried tool calls or reasoning or several choices (``Scanner.reply_text`` is None), no text
+yet, or a finish reason already; a Messages stream with a block other than text (a tool call,
+thinking: Anthropic takes no prefill with thinking) or whose ``message_delta`` already went
+out; a stream whose client holds part of an event (the break fell inside one); one past
+``max_output_tokens`` or its own output limit; past ``max_attempts`` continuations; a
+Responses stream passed through; or when no other backend answers with a stream. Each such
+break writes one log line with its reason (``gateway.upstream``, warning: request id, the
+backend, the break, the reason) and counts ``refused`` (``failed``: no backend answered).
+
+A Messages stream passed through counts the tokens sent with the gateway's tokenizer still
+(its scanner keeps no count of the deltas it passed), and its usage's input figures are the
+first engine's own (its ``message_start``).
 """
 
 from __future__ import annotations
@@ -77,6 +101,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from gateway.accounting.sse import StreamScanner
 from gateway.errors import GatewayError
 from gateway.upstream.forward import forward, release
 
@@ -105,6 +130,8 @@ MARKER = {"x-gateway-continued": "1"}
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
 _LIMITS = ("max_completion_tokens", "max_tokens")
+#: a continued stream's usage with a figure of the gateway's: ``continued:<fields>``
+ESTIMATED = "continued"
 
 
 def continuation_body(body: bytes, prefix: str, sent: int) -> bytes | None:
@@ -223,16 +250,21 @@ class Splice(_Events):
     """The continuation's SSE bytes made the rest of the client's chat stream (see the module
     docstring); per continuation, fed every chunk in order, then flushed.
 
-    ``prompt``: the original prompt's tokens; ``sent``: the output tokens the client had.
-    ``usage`` is the continuation's own usage once its usage chunk passed (else None).
+    ``prompt``: the original prompt's tokens; ``sent``: the output tokens the client had;
+    ``exact``: ``sent`` is the engine's count; ``estimated``: which of the two are the
+    gateway's (``continued:<fields>``; None: both are the engines'). ``usage`` is the
+    continuation's own usage once its usage chunk passed (else None).
     """
 
-    __slots__ = ("_rewriter", "_started", "prompt", "sent", "usage")
+    __slots__ = ("_rewriter", "_started", "estimated", "exact", "prompt", "sent", "usage")
 
-    def __init__(self, rewriter: AnswerRewriter, *, prompt: int, sent: int) -> None:
+    def __init__(self, rewriter: AnswerRewriter, *, prompt: int, sent: int,
+                 exact: bool = False, estimated: str | None = None) -> None:
         super().__init__()
         self._rewriter = rewriter
         self.prompt, self.sent = prompt, sent
+        self.exact = exact
+        self.estimated = estimated
         self._started = False  # its first data chunk seen (the role-only one dropped)
         self.usage: dict[str, Any] | None = None
 
@@ -494,10 +526,14 @@ def _role_only(chunk: dict[str, Any]) -> bool:
 class Continuer:
     """One streamed request's continuations (per request, not shared): :meth:`resume` is the
     relay's ``resume``. ``forwarded`` is the answer being relayed now, which the caller
-    releases at the end (None: none is, every one was released here)."""
+    releases at the end (None: none is, every one was released here).
 
-    __slots__ = ("_api", "_body", "_count", "_ctx", "_forward", "_metrics", "_prompt",
-                 "_rewriter", "_scanner", "_settings", "attempts", "forwarded")
+    ``output``: the chat scanner of the backend's stream (a translated stream's too), which
+    counts the output sent as the engine does (``StreamScanner.output_sent``); without one
+    (and for a Messages stream passed through) the text is counted with ``count_text``."""
+
+    __slots__ = ("_api", "_body", "_count", "_ctx", "_forward", "_metrics", "_output",
+                 "_prompt", "_rewriter", "_scanner", "_settings", "attempts", "forwarded")
 
     def __init__(
         self,
@@ -519,11 +555,13 @@ class Continuer:
         span: RequestSpan,
         metrics: Metrics | None,
         api: str = "chat",
+        output: Scanner | None = None,
     ) -> None:
         self._settings = settings
         self._api = api  # what the backend streams: "chat", or "messages" (passed through)
         self.forwarded: Forwarded | None = forwarded
         self._ctx, self._body, self._scanner = ctx, body, scanner
+        self._output = output if api == "chat" and isinstance(output, StreamScanner) else None
         self._rewriter, self._count, self._prompt = rewriter, count_text, prompt_tokens
         self._metrics = metrics
         self.attempts = 0
@@ -546,7 +584,9 @@ class Continuer:
             return None
         pool = failed.pool.name
         plan = self._plan()
-        if plan is None:
+        if isinstance(plan, str):
+            log.warning("request %s: stream broken on %s (%s), not continued: %s",
+                        ctx.request_id, failed.backend.label, error, plan)
             self._count_outcome(pool, "refused")
             return None
         body, splice = plan
@@ -556,15 +596,15 @@ class Continuer:
         try:
             answer = await self._forward(body)
         except GatewayError as exc:
-            log.info("request %s: stream broken on %s (%s), no backend continued it: %s",
-                     ctx.request_id, failed.backend.label, error, exc.message)
+            log.warning("request %s: stream broken on %s (%s), no backend continued it: %s",
+                        ctx.request_id, failed.backend.label, error, exc.message)
             self._count_outcome(pool, "failed")
             return None
         if (answer.response.status != 200 or not answer.response.is_event_stream
                 or answer.first_chunk is None):  # e.g. an engine refusing the request (4xx)
-            log.info("request %s: stream broken on %s (%s), %s answered %d to its "
-                     "continuation", ctx.request_id, failed.backend.label, error,
-                     answer.backend.label, answer.response.status)
+            log.warning("request %s: stream broken on %s (%s), %s answered %d to its "
+                        "continuation", ctx.request_id, failed.backend.label, error,
+                        answer.backend.label, answer.response.status)
             release(answer, ctx, "cancelled")  # neither its success nor its failure
             self._count_outcome(pool, "failed")
             return None
@@ -573,48 +613,67 @@ class Continuer:
         if callable(drop):  # what it held of an event the client never got
             drop()
         ctx.continued = True
+        if isinstance(splice, Splice) and self._output is not None:
+            # its chunks count on from the tokens sent; its usage says what is the gateway's
+            self._output.continued(splice.sent, splice.exact, splice.estimated)
         estimate = splice.prompt + splice.sent
         ctx.continuation_prompt += estimate
         self._count_outcome(pool, "continued")
-        log.info("request %s: stream broken on %s after %d tokens (%s), continued on %s",
-                 ctx.request_id, failed.backend.label, splice.sent, error,
+        counted = "the engine's count" if isinstance(splice, Splice) and splice.exact \
+            else "counted"
+        log.info("request %s: stream broken on %s after %d tokens (%s; %s), continued on %s",
+                 ctx.request_id, failed.backend.label, splice.sent, counted, error,
                  answer.backend.label)
         return self._relay(answer, splice, estimate, pool)
 
-    def _plan(self) -> tuple[bytes, Splice | MessagesSplice] | None:
-        """The continuation's body and splice, or None when this stream is not continued."""
+    def _plan(self) -> tuple[bytes, Splice | MessagesSplice] | str:
+        """The continuation's body and splice, or why this stream is not continued."""
         settings, scanner = self._settings, self._scanner
         if self.attempts >= settings.max_attempts:
-            return None
+            return f"past max_attempts ({settings.max_attempts} continuations)"
         if self._api == "messages":
             return self._messages_plan()
         if getattr(scanner, "partial_sent", False):
-            return None
+            return "the client holds part of an event"
         text = scanner.reply_text()
+        if text is None:
+            return "not one choice of plain text (tool calls, reasoning, several choices or none)"
         if not text:
-            return None
-        sent = self._count(text)
+            return "no text sent yet"
+        output = self._output
+        if output is not None and output.finished:
+            return "its answer had finished (a finish reason sent)"
+        sent, exact = output.output_sent() if output is not None else (self._count(text), False)
         if sent > settings.max_output_tokens:
-            return None
+            return (f"past max_output_tokens ({sent} tokens sent, "
+                    f"{settings.max_output_tokens} at most)")
         body = continuation_body(self._body, text, sent)
         if body is None:
-            return None
-        return body, Splice(self._rewriter(), prompt=self._prompt(), sent=sent)
+            return f"past max_tokens ({sent} tokens sent, nothing left to ask for)"
+        first = output.first_prompt if output is not None else None
+        prompt = first if first is not None else self._prompt()
+        estimated = [name for name, engines in (("prompt_tokens", first is not None),
+                                                ("completion_tokens", exact)) if not engines]
+        return body, Splice(self._rewriter(), prompt=prompt, sent=sent, exact=exact,
+                            estimated=f"{ESTIMATED}:{','.join(estimated)}" if estimated
+                            else None)
 
-    def _messages_plan(self) -> tuple[bytes, MessagesSplice] | None:
+    def _messages_plan(self) -> tuple[bytes, MessagesSplice] | str:
         """A passed-through Messages stream's continuation: its text as the prefill."""
         state = getattr(self._scanner, "messages_so_far", None)
         so_far = state() if callable(state) else None
         if not isinstance(so_far, MessageSoFar):
-            return None
+            return ("not a plain text message (a block other than text), ended (its "
+                    "message_delta sent), or the client holds part of an event")
         text = so_far.text
         sent = self._count(text) if text else 0
         if sent > self._settings.max_output_tokens:
-            return None
+            return (f"past max_output_tokens ({sent} tokens sent, "
+                    f"{self._settings.max_output_tokens} at most)")
         prefill = text.rstrip()  # Anthropic refuses a prefill that ends in whitespace
         body = messages_continuation_body(self._body, prefill, sent)
         if body is None:
-            return None
+            return f"past max_tokens ({sent} tokens sent, nothing left to ask for)"
         return body, MessagesSplice(so_far, prompt=self._prompt(), sent=sent,
                                     dropped=text[len(prefill):])
 

@@ -1,6 +1,7 @@
 """A stream survives its engine: SIGKILL the llama-server serving a stream, at random points.
 
-``python -m loadtest.bench.continuation_kill [--runs 100] [--max-tokens 160]`` starts two
+``python -m loadtest.bench.continuation_kill [--runs 100] [--max-tokens 160] [--no-timings]``
+starts two
 ``llama-server`` replicas of the same tiny model file (``loadtest.engines``: 1 slot, 1 thread
 each, ``--slot-save-path`` so a slot's cache can be erased), a ``gateway serve`` (one worker)
 whose pool ``cont`` holds both (``engine: llamacpp``, ``continuation: {enabled: true}``, health
@@ -16,7 +17,12 @@ directory, priced ``input: 3``, ``output: 5`` (3 and 5 micro-units a token). Eac
    0, ``seed`` 7, ``max_tokens`` (160), ``ignore_eos`` (every answer is that long),
    ``include_usage``, and llama.cpp's ``timings_per_token``, so every content chunk says which
    token of its engine's answer it is (``timings.predicted_n``): the continuation's chunks
-   count from 1 again, which puts the seam exactly where it is without guessing;
+   count from 1 again, which puts the seam exactly where it is without guessing (and the
+   gateway reads the same count: the tokens sent, exactly). With ``--no-timings`` the
+   gateway's request goes without it, as most clients send theirs (the gateway then counts
+   a chunk a token): the seam is where the gateway's log line says the stream broke
+   (``after N tokens``: N chunks), the tokens before it are the killed engine's unbroken
+   answer's index of its N-th chunk, the continuation's are the final usage's output less N;
 3. the gateway's ``/admin/stats``, polled on a thread as the request goes out, names the
    backend the request is in flight on (falling back to the engines' ``/slots``), while the
    client reads on; after ``k`` content chunks, ``k``
@@ -46,8 +52,9 @@ the outcome, ``continuation_prompt`` > 0, ``output`` against the final usage chu
 the engine tokens the client received, ``prompt_total`` against the engine's prompt,
 ``cost_micros`` = 3 x ``prompt_total`` + 5 x ``output`` with ``continuation_cost`` = 3 x
 ``continuation_prompt`` kept out of it (billed once), and against what an unbroken stream of
-the tokens the client received is billed. An error event's cause is named when the record shows
-the gateway counted the text sent at ``max_tokens`` or past it.
+the tokens the client received is billed; whether the record says ``estimated``; whether the
+client received ``max_tokens`` engine tokens at most. An error event's cause is named when the
+record shows the gateway counted the text sent at ``max_tokens`` or past it.
 
 llama.cpp takes the continuation's prefill as text and tokenises it again; a random model's
 tokens are often not the tokenizer's own split of their text, so the continuation's context is
@@ -72,6 +79,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import secrets
 import signal
 import sqlite3
@@ -105,6 +113,8 @@ CLIENT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 READY_TIMEOUT = 20.0
 CLOSE = {"Connection": "close"}
 RECORD_TIMEOUT = 15.0
+#: the gateway's log line of a continued stream: after how many tokens (chunks) it broke
+_CONTINUED_AFTER = re.compile(r"stream broken on \S+ after (\d+) tokens .*continued on")
 
 
 # -- one stream as a client reads it (pure) ---------------------------------------------------
@@ -294,28 +304,45 @@ def judge(run: Mapping[str, Any]) -> dict[str, Any]:
     refs: Mapping[str, Stream] = run["refs"]
     killed: str | None = run.get("killed")
     spare: str | None = run.get("spare")
-    before, after = split_at_seam(stream.chunks)
+    # the chunks say their engine's token index (``timings_per_token``), else the gateway's
+    # log line says after how many chunks the stream broke (``--no-timings``)
+    timed = any(c.n is not None for c in stream.chunks)
+    seam_chunks: int | None = run.get("seam_chunks")
+    if timed or seam_chunks is None:
+        before, after = split_at_seam(stream.chunks)
+    else:
+        before, after = list(stream.chunks[:seam_chunks]), list(stream.chunks[seam_chunks:])
     continued = bool(after)
     ref_killed = refs[killed].chunks if killed is not None and killed in refs else []
     ref_spare = refs[spare].chunks if spare is not None and spare in refs else []
     prefix = "".join(c.text for c in before)
+
+    def same(chunks: Sequence[Chunk], ref: Sequence[Chunk]) -> bool:
+        """Token for token: text and index (text only where the chunks have no index)."""
+        if timed:
+            return [(c.text, c.n) for c in chunks] == [(c.text, c.n) for c in ref]
+        return [c.text for c in chunks] == [c.text for c in ref]
+
     # the chunks before the seam are the killed engine's unbroken answer's, token for token
-    prefix_ok = ([(c.text, c.n) for c in before]
-                 == [(c.text, c.n) for c in ref_killed[:len(before)]])
+    prefix_ok = same(before, ref_killed[:len(before)])
     kind = seam_kind(before, after, ref_killed)
     replay: Stream | None = run.get("replay")
     # the chunks after the seam are what the engine itself writes after that prefix, asked
     # directly, token for token (none lost or repeated by the gateway on the way)
-    replayed = (replay is not None and replay.whole
-                and [(c.text, c.n) for c in after] == [(c.text, c.n) for c in replay.chunks])
+    replayed = replay is not None and replay.whole and same(after, replay.chunks)
     seam_ok = prefix_ok and replayed and kind != "echo"
     text = stream.text
     unbroken = "".join(c.text for c in (ref_spare if continued else ref_killed))
     records: list[dict[str, Any]] = run.get("records") or []
     record = records[0] if len(records) == 1 else None
-    sent, produced = tokens_of(before), tokens_of(after)
-    received = sent + produced  # engine tokens that reached the client
     usage_out = (stream.usage or {}).get("completion_tokens")
+    if timed or not before:
+        sent, produced = tokens_of(before), tokens_of(after)
+    else:  # the killed engine's index of the last chunk sent; the continuation's own output
+        sent = tokens_of(ref_killed[:len(before)]) if prefix_ok else len(before)
+        produced = (usage_out - len(before) if isinstance(usage_out, int) and after
+                    else len(after))
+    received = sent + produced  # engine tokens that reached the client
     prompt = prompt_of(stream.chunks[0]) if stream.chunks else None
     cont_prompt = prompt_of(after[0]) if after else None
     ref = refs.get(spare or "") or refs.get(killed or "")
@@ -335,6 +362,7 @@ def judge(run: Mapping[str, Any]) -> dict[str, Any]:
         "replicas_agree": len({r.text for r in refs.values()}) == 1,
         "first_divergence": first_divergence(text, unbroken),
         "seam_at": len(prefix) if continued else None,
+        "max_tokens": run.get("max_tokens"),
         "sent_tokens": sent,
         # tokens the killed engine had delivered past the chunk the client killed it at
         "kill_lag": sent - int(run["kill_after"]) if killed and before else None,
@@ -351,6 +379,7 @@ def judge(run: Mapping[str, Any]) -> dict[str, Any]:
         "one_finish": len(stream.finish_reasons) == 1,
         "marked": stream.marked,
         "usage_output": usage_out,
+        "within_limit": received <= int(run.get("max_tokens") or received),
         "usage_prompt": (stream.usage or {}).get("prompt_tokens"),
         "records": len(records),
     }
@@ -432,6 +461,8 @@ def summarise(judged: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "equal_pct": share(count(cont, "equal"), len(cont)),
         "replicas_agree": count(judged, "replicas_agree"),
         "retokenised_same_count": sum(j["retokenised_delta"] == 0 for j in cont),
+        # the runs whose chunks said both prompts (``timings_per_token``)
+        "retokenised_known": sum(j["retokenised_delta"] is not None for j in cont),
         "divergence_after_seam_chars": sorted(divergence),
         "kill_lag_tokens": {"p50": lags[len(lags) // 2], "max": lags[-1],
                             "zero": lags.count(0)} if lags else None,
@@ -442,6 +473,9 @@ def summarise(judged: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "output_is_received": count(one_cont, "output_is_received"),
         "prompt_is_engine": count(one_cont, "prompt_is_engine"),
         "estimated": count(one_cont, "record_estimated"),
+        "within_limit": count(cont, "within_limit"),
+        "over_limit_tokens": sorted(j["received_tokens"] - int(j["max_tokens"]) for j in cont
+                                    if not j["within_limit"]),
         "cost_ok": count(one, "cost_ok"),
         "cost_as_unbroken": count(one_cont, "cost_as_unbroken"),
         "with_record_continued": len(one_cont),
@@ -475,7 +509,7 @@ def format_table(s: Mapping[str, Any]) -> str:
         ("first token after the seam, against the unbroken answer",
          ", ".join(f"{k} {v}" for k, v in seams) or "-"),
         ("prefix re-tokenised to as many tokens as were generated",
-         f"{s['retokenised_same_count']} / {c}"),
+         f"{s['retokenised_same_count']} / {s.get('retokenised_known', c)}"),
         ("whole text = the unbroken answer", f"{s['equal']} / {c} ({s['equal_pct']:.1f} %)"),
         ("the two replicas' unbroken answers equal", f"{s['replicas_agree']} / {s['runs']}"),
         ("usage records per request: 1 / 0 / 2+",
@@ -487,6 +521,10 @@ def format_table(s: Mapping[str, Any]) -> str:
          f"{s['output_is_received']} / {rc}"),
         ("record `prompt_total` = the engine's prompt tokens (continued)",
          f"{s['prompt_is_engine']} / {rc}"),
+        ("record `estimated` (continued)", f"{s['estimated']} / {rc}"),
+        ("engine tokens received <= `max_tokens` (continued)",
+         f"{s['within_limit']} / {c}" + (f" (over by {', '.join(map(str, s['over_limit_tokens']))})"
+                                        if s["over_limit_tokens"] else "")),
         ("billed once: `cost_micros` = its prompt + output, `continuation_cost` apart",
          f"{s['cost_ok']} / {r1}"),
         ("`cost_micros` = an unbroken stream's for what the client received (continued)",
@@ -509,8 +547,12 @@ class Options:
     kill_seed: int = 1
     threads: int = 1
     ctx: int = 2048
-    #: the public model's ``encoding``: what the gateway counts the text already sent in
+    #: the public model's ``encoding``: what the gateway counts the prompt in (its estimate,
+    #: where the first engine did not say its own)
     encoding: str = "o200k_base"
+    #: the gateway's request asks for llama.cpp's ``timings_per_token`` (the engine's count on
+    #: every chunk); off: as most clients ask, the gateway counts a chunk a token
+    timings: bool = True
     workdir: Path | None = None
     model: Path | None = None
     binary: Path | None = None
@@ -541,14 +583,17 @@ def policy(urls: Mapping[str, str], key: str, workdir: Path,
     }
 
 
-def request_body(i: int, model: str, opts: Options) -> dict[str, Any]:
-    return {
+def request_body(i: int, model: str, opts: Options, timings: bool = True) -> dict[str, Any]:
+    body = {
         "model": model,
         "messages": [{"role": "user", "content": f"Tell me a long story, number {i}."}],
         "max_tokens": opts.max_tokens, "temperature": 0, "seed": opts.seed,
         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
         "timings_per_token": True,
     }
+    if not timings:
+        del body["timings_per_token"]
+    return body
 
 
 class Bench:
@@ -774,6 +819,15 @@ class Bench:
                 return rows
             time.sleep(0.1)
 
+    def seam_chunks(self, request_id: str) -> int | None:
+        """After how many chunks the gateway says the request's stream broke and was
+        continued (its log line; None: it says none was)."""
+        for line in log_lines(self.gateway_log, request_id):
+            found = _CONTINUED_AFTER.search(line)
+            if found is not None:
+                return int(found.group(1))
+        return None
+
     def run(self, i: int, kill_after: int) -> dict[str, Any]:
         """Run ``i``: the references, then the stream through the gateway with the engine
         serving it SIGKILLed after ``kill_after`` content chunks; then the engine restarted."""
@@ -799,7 +853,8 @@ class Bench:
             state["killed"] = state["serving"]
             state["kill_s"] = round(time.monotonic() - started, 4)
 
-        stream = read_stream(self.client, self.url, request_body(i, MODEL, self.opts),
+        stream = read_stream(self.client, self.url,
+                             request_body(i, MODEL, self.opts, self.opts.timings),
                              {"Authorization": f"Bearer {self.key}"}, on_content)
         prober.join(15)
         elapsed = time.monotonic() - started
@@ -810,17 +865,26 @@ class Bench:
         if rid:
             self.request_ids.append(rid)
         records = self.records(rid) if rid else []
-        before, after = split_at_seam(stream.chunks)
+        seam_chunks = self.seam_chunks(rid) if rid and not self.opts.timings else None
+        if seam_chunks is not None:
+            before, after = stream.chunks[:seam_chunks], stream.chunks[seam_chunks:]
+        else:
+            before, after = split_at_seam(stream.chunks)
         replay = None
         if after and spare is not None:
-            replay = self.replay(i, spare, "".join(c.text for c in before), tokens_of(after))
+            produced = tokens_of(after)
+            usage_out = (stream.usage or {}).get("completion_tokens")
+            if seam_chunks is not None and isinstance(usage_out, int):
+                produced = usage_out - seam_chunks  # the continuation's own output (its usage)
+            replay = self.replay(i, spare, "".join(c.text for c in before), produced)
         run = {"run": i, "kill_after": kill_after, "max_tokens": self.opts.max_tokens,
                "killed": state["killed"], "spare": spare,
                "serving": state["serving"], "kill_s": state["kill_s"],
                "text_at_kill": state.get("text_at_kill"),
                "killed_at_chunk": state.get("killed_at_chunk"), "seconds": round(elapsed, 3),
                "probes": probes,
-               "refs": refs, "stream": stream, "records": records, "replay": replay}
+               "refs": refs, "stream": stream, "records": records, "replay": replay,
+               "seam_chunks": seam_chunks}
         run["judged"] = judge(run)
         if state.get("text_at_kill") is not None:
             run["judged"]["kill_text_ok"] = stream.text.startswith(state["text_at_kill"])
@@ -950,8 +1014,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kill-seed", type=int, default=1, help="seed of the kill points (1)")
     p.add_argument("--threads", type=int, default=1, help="threads of each engine (1)")
     p.add_argument("--encoding", choices=("o200k_base", "cl100k_base"), default="o200k_base",
-                   help="the model's encoding in the policy: what the gateway counts the text "
-                   "already sent in (o200k_base, the default)")
+                   help="the model's encoding in the policy: what the gateway counts the "
+                   "prompt in where the first engine did not say it (o200k_base, the default)")
+    p.add_argument("--no-timings", action="store_true",
+                   help="the gateway's request without llama.cpp's timings_per_token (as most "
+                   "clients send theirs): the gateway counts the tokens sent a chunk a token")
     p.add_argument("--target", type=float, default=99.0,
                    help="share of runs that must end whole, %% (99)")
     p.add_argument("--workdir", type=Path, default=None,
@@ -960,7 +1027,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     opts = Options(runs=args.runs, max_tokens=args.max_tokens, seed=args.seed,
                    kill_seed=args.kill_seed, threads=args.threads, encoding=args.encoding,
-                   workdir=args.workdir)
+                   workdir=args.workdir, timings=not args.no_timings)
     started = time.monotonic()
     try:
         result = measure(opts)
