@@ -134,13 +134,16 @@ def console_app(current: Callable[[], Runtime], ledger: SqlLedger, sessions: Ses
     @post("/console/login", status_code=303)
     async def login(request: AnyRequest) -> Response[Any]:
         client = kit.client(request)
+        # the form (a few hundred bytes; server.max_body_bytes bounds any body) is read first, even
+        # for a refusal: a response sent before its request's body has arrived ends the
+        # connection, and a browser's next request on it would meet the close
+        form = await request.form()
         wait = limiter.retry_after(client)
         if wait is not None:
             audit.record("/console/login", client, "-", "sign-in refused: too many failures",
                          429)
             return refuse(429, "Too many failed sign-ins from your address: try again in "
                                f"{wait} s.", headers={"retry-after": str(wait)})
-        form = await request.form()
         sent, expected = str(form.get("csrf", "")), request.cookies.get(LOGIN_COOKIE, "")
         if not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
             return refuse(403, "This sign-in form has expired: open the sign-in page again.")
