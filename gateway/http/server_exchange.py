@@ -162,6 +162,11 @@ class _Exchange:
                 parts.append(b"transfer-encoding: chunked\r\n")
             else:
                 parts.append(b"content-length: " + str(len(body)).encode() + b"\r\n")
+        if not more and not self.complete:
+            # the whole answer before the request's whole body (an early refusal): the rest
+            # is read and dropped, then the connection ends (``exchange_done``); say so, so
+            # the client does not send its next request on it
+            self.keep_alive = False
         if not self.keep_alive or proto.closing:
             self.keep_alive = False
             parts.append(b"connection: close\r\n")

@@ -274,8 +274,9 @@ def test_early_answer_is_read_whole_while_the_body_is_still_coming(
         for _ in range(size // len(chunk)):
             s.sendall(chunk)  # the server reads and drops it: no reset mid-upload
         r = Reader(s)
-        status, _, body = r.response()
+        status, headers, body = r.response()
         assert status == 413 and body == b'{"error":"too large"}'
+        assert headers["connection"] == "close"  # the client knows not to send on it again
         assert r.closed()
 
 
