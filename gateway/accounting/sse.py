@@ -125,7 +125,8 @@ class ChunkDelta(msgspec.Struct, gc=False):
     content: str | None = None
     refusal: str | None = None
     reasoning_content: str | None = None
-    #: the reasoning field of some backends (vLLM's newer name), read by the Responses stream
+    #: the reasoning field of some backends (vLLM's newer name): delivered text like
+    #: ``reasoning_content`` (one of the two when both come), and read by the translators
     reasoning: str | None = None
     tool_calls: list[ChunkToolCall] | None = None
 
@@ -570,8 +571,9 @@ class StreamScanner:
                 continue
             if delta.content:
                 pieces.append(delta.content)
-            if delta.reasoning_content:
-                self._extra.append(delta.reasoning_content)
+            # vLLM's newer ``reasoning`` (some versions send both fields, the same text)
+            if thought := delta.reasoning_content or delta.reasoning:
+                self._extra.append(thought)
             if delta.tool_calls:
                 for call in delta.tool_calls:
                     function = call.function

@@ -180,6 +180,18 @@ def test_tool_call_and_reasoning_deltas_count_as_delivered() -> None:
     assert scanner.reply_text() is None  # not a plain reply a client would re-send
 
 
+@pytest.mark.parametrize("fields", [{"reasoning": "think "},
+                                    {"reasoning_content": "think ", "reasoning": "think "}])
+def test_vllms_reasoning_field_counts_as_delivered_once(fields: dict[str, str]) -> None:
+    """vLLM's newer ``delta.reasoning`` is reasoning too (alone, or beside the older field
+    with the same text: counted once), so such a stream is not taken for a plain reply."""
+    ev = [{"index": 0, "delta": fields}, {"index": 0, "delta": {"content": "answer"}}]
+    data = b"".join(b"data: " + msgspec.json.encode({"choices": [c]}) + b"\n\n" for c in ev)
+    scanner, _ = run([data], strip=False)
+    assert scanner.delivered_text() in ("answerthink ", "think answer")
+    assert scanner.reply_text() is None
+
+
 def test_reply_text_is_the_single_choice_content() -> None:
     events, _ = chat_events(WORDS)
     scanner, _ = run(events, strip=False)
