@@ -1,17 +1,33 @@
-"""What the in-process pipeline tests share: the ``send`` that collects an answer, and the
-usage records a gateway has written."""
+"""What the in-process pipeline tests share: a gateway started from a policy (``running``),
+the ``send`` that collects an answer, and the usage records a gateway has written."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from gateway.app.state import Gateway
+from gateway.config import parse_policy
+
 if TYPE_CHECKING:
-    from gateway.app.state import Gateway
+    from collections.abc import AsyncIterator
+
     from gateway.ledger import UsageRecord
 
-__all__ = ["Answer", "records"]
+__all__ = ["Answer", "records", "running"]
+
+
+@contextlib.asynccontextmanager
+async def running(data: dict[str, Any]) -> AsyncIterator[Gateway]:
+    """A gateway of the policy ``data``, started, and closed at the end."""
+    gw = Gateway(parse_policy(data))
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.close()
 
 
 class Answer:

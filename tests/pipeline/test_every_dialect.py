@@ -15,12 +15,11 @@ from typing import Any
 import pytest
 
 from gateway.app.state import Gateway
-from gateway.config import parse_policy
 from gateway.dialects.shape import ENDPOINTS
 from gateway.pipeline import Inbound
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, policy
-from tests.pipeline.common import Answer, records
+from tests.pipeline.common import Answer, records, running
 
 SYSTEM = "You are terse."
 
@@ -42,12 +41,8 @@ async def gateway(request: pytest.FixtureRequest, sim: SimServer,
     data["tenants"] = [{"name": "acme", "plan": "p"}]
     data["prices"] = {"models": {"chat-model": {"input": "1", "output": "2"}}}
     data["store"] = {"spool_dir": str(tmp_path / "spool"), "data_dir": str(tmp_path / "data")}
-    gw = Gateway(parse_policy(data))
-    await gw.start()
-    try:
+    async with running(data) as gw:
         yield gw
-    finally:
-        await gw.close()
 
 
 def _inbound(path: str, body: dict[str, Any]) -> Inbound:

@@ -22,7 +22,7 @@ from gateway.dialects.shape import ENDPOINTS
 from gateway.pipeline import Inbound
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, policy
-from tests.pipeline.common import Answer, records
+from tests.pipeline.common import Answer, records, running
 
 BOUND = 64
 
@@ -42,12 +42,8 @@ async def gateway(sim: SimServer, tmp_path: Path) -> AsyncIterator[Gateway]:
     data["plans"] = [{"name": "p", "limits": {"rpm": 1000, "tpm": 100_000}}]
     data["tenants"] = [{"name": "acme", "plan": "p"}]
     data["store"] = {"spool_dir": str(tmp_path / "spool"), "data_dir": str(tmp_path / "data")}
-    gw = Gateway(parse_policy(data))
-    await gw.start()
-    try:
+    async with running(data) as gw:
         yield gw
-    finally:
-        await gw.close()
 
 
 

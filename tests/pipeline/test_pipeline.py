@@ -20,7 +20,7 @@ from gateway.dialects.shape import ENDPOINTS
 from gateway.pipeline import Inbound
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, policy
-from tests.pipeline.common import Answer, records
+from tests.pipeline.common import Answer, records, running
 
 CHAT = ENDPOINTS["/v1/chat/completions"]
 
@@ -39,12 +39,8 @@ async def gateway(sim: SimServer, tmp_path: Path) -> AsyncIterator[Gateway]:
     data["tenants"] = [{"name": "acme", "plan": "p"}]
     data["prices"] = {"models": {"chat-model": {"input": "1", "output": "2"}}}
     data["store"] = {"spool_dir": str(tmp_path / "spool"), "data_dir": str(tmp_path / "data")}
-    gw = Gateway(parse_policy(data))
-    await gw.start()
-    try:
+    async with running(data) as gw:
         yield gw
-    finally:
-        await gw.close()
 
 
 def _inbound(body: dict[str, Any], **fields: Any) -> Inbound:

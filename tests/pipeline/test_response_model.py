@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from gateway.app.state import Gateway
-from gateway.config import parse_policy
 from gateway.context import RequestContext
 from gateway.dialects.shape import ENDPOINTS
 from gateway.pipeline import Inbound
 from gateway.telemetry import RequestSpan
 from tests.fake_engine import Engine, FakeEngines
 from tests.helpers import TEST_KEY, policy
+from tests.pipeline.common import running
 
 ENGINE = Engine("/models/tiny.gguf")
 
@@ -34,12 +34,8 @@ def fake() -> Iterator[FakeEngines]:
 async def gateway(fake: FakeEngines, tmp_path: Path) -> AsyncIterator[Gateway]:
     data = policy({"chat": [fake.url("llama")]})
     data["store"] = {"spool_dir": str(tmp_path / "spool"), "data_dir": str(tmp_path / "data")}
-    gw = Gateway(parse_policy(data))
-    await gw.start()
-    try:
+    async with running(data) as gw:
         yield gw
-    finally:
-        await gw.close()
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -26,14 +26,13 @@ from gateway.accounting.prices import ModelPrice, price_continuation
 from gateway.accounting.split import PromptSplit
 from gateway.accounting.tokens import account
 from gateway.app.state import Gateway
-from gateway.config import parse_policy
 from gateway.dialects.shape import ENDPOINTS
 from gateway.ledger import UsageRecord
 from gateway.pipeline import Inbound
 from gateway.sim.faults import FaultConfig
 from gateway.sim.server import SimServer
 from tests.helpers import TEST_KEY, policy
-from tests.pipeline.common import Answer, records
+from tests.pipeline.common import Answer, records, running
 
 CHAT = ENDPOINTS["/v1/chat/completions"]
 TOKENS = 8
@@ -63,12 +62,8 @@ async def _gateway(sims: tuple[SimServer, SimServer], tmp: Path,
     data["tenants"] = [{"name": "acme", "plan": "p"}]
     data["prices"] = {"models": {"chat-model": {"input": str(INPUT), "output": str(OUTPUT)}}}
     data["store"] = {"spool_dir": str(tmp / "spool"), "data_dir": str(tmp / "data")}
-    gw = Gateway(parse_policy(data))
-    await gw.start()
-    try:
+    async with running(data) as gw:
         yield gw
-    finally:
-        await gw.close()
 
 
 def _break_after(sim: SimServer, tokens: int | None) -> None:
